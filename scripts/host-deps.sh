@@ -1,0 +1,118 @@
+#!/bin/sh
+# host-deps.sh installs the Debian packages that abox's VM layer and its
+# end-to-end tests need on the host. It is idempotent: apt is only touched when
+# a package is missing, so CI can run it on every build for ~0 s.
+#
+# Usage: scripts/host-deps.sh [--check]
+#   --check  list missing packages and exit 1 if any, install nothing.
+#
+# Must run as root on Debian 12 (bookworm). Progress goes to stderr.
+set -eu
+
+# Why each package is here:
+#   qemu-system-x86 qemu-utils        the hypervisor and qemu-img (overlays, import, convert)
+#   libvirt-daemon-system             libvirtd, virtlogd, nwfilter and network drivers
+#   libvirt-clients                   virsh, used by docs, tests and debugging
+#   iptables ebtables                 host FORWARD chains; libvirt's nwfilter drives ebtables
+#   dnsmasq-base                      libvirt insists on the binary even with <dns enable='no'/>
+#   genisoimage                       NoCloud seed ISOs (cidata)
+#   debootstrap e2fsprogs             `abox base build debian-12` (mke2fs -d)
+#   tcpdump                           `abox tap` and e2e assertions
+#   iproute2 util-linux procps        ip netns, unshare, pkill-free process inspection in e2e
+#   openssh-client                    `abox ssh` and e2e probes into the guest
+#   ca-certificates curl              pulling images and test clients
+PACKAGES="
+qemu-system-x86
+qemu-utils
+libvirt-daemon-system
+libvirt-clients
+iptables
+ebtables
+dnsmasq-base
+genisoimage
+debootstrap
+e2fsprogs
+tcpdump
+iproute2
+util-linux
+procps
+openssh-client
+ca-certificates
+curl
+"
+
+log() { printf 'host-deps: %s\n' "$*" >&2; }
+
+installed() {
+	# dpkg-query prints "install ok installed" only for a fully configured package.
+	[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" = "install ok installed" ]
+}
+
+missing=""
+for p in $PACKAGES; do
+	installed "$p" || missing="$missing $p"
+done
+
+if [ -z "$missing" ]; then
+	log "all host packages present"
+	exit 0
+fi
+
+if [ "${1:-}" = "--check" ]; then
+	log "missing:$missing"
+	exit 1
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+	log "missing:$missing (run as root to install)"
+	exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+# Package scripts try to start services; there is no init system to talk to
+# on the build machines, and the tests start libvirtd themselves.
+policy=/usr/sbin/policy-rc.d
+made_policy=""
+if [ ! -e "$policy" ]; then
+	printf '#!/bin/sh\nexit 101\n' >"$policy"
+	chmod 0755 "$policy"
+	made_policy=1
+fi
+aptlog=$(mktemp /tmp/abox-host-deps.XXXXXX)
+cleanup() {
+	if [ -n "$made_policy" ]; then rm -f "$policy"; fi
+	rm -f "$aptlog"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+run_apt() {
+	# apt is chatty even with -qq (dpkg's unpack lines): keep its output and
+	# show it only when it fails.
+	if ! apt-get "$@" >"$aptlog" 2>&1; then
+		cat "$aptlog" >&2
+		log "apt-get $* failed"
+		exit 1
+	fi
+}
+# Another engineer or CI step may be running apt at the same time: wait for
+# the dpkg lock instead of failing.
+lock="-o DPkg::Lock::Timeout=600"
+
+log "installing:$missing"
+log "apt-get update"
+# shellcheck disable=SC2086
+run_apt -qq $lock update
+# shellcheck disable=SC2086 # word splitting is the point
+run_apt -qq -y $lock -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+	--no-install-recommends install $missing
+
+still=""
+for p in $missing; do
+	installed "$p" || still="$still $p"
+done
+if [ -n "$still" ]; then
+	log "still missing after install:$still"
+	exit 1
+fi
+log "done"
