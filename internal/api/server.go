@@ -1,0 +1,386 @@
+// Package api is the local control API of an instance's filters: a small JSON
+// API on a unix socket (mode 0600, peer uid checked) used by the abox CLI.
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/abox-dev/abox/internal/logring"
+	"github.com/abox-dev/abox/internal/policy"
+)
+
+// Component is a filter hosted by the daemon (dns, http, later monitor).
+type Component interface {
+	// Name is the stable component name used in the CLI ("dns", "http").
+	Name() string
+	// Stats returns a JSON-encodable snapshot of the component's counters.
+	Stats() any
+}
+
+// KeyLogger is implemented by the HTTP filter: it switches the TLS key log.
+type KeyLogger interface {
+	SetKeyLog(enabled bool) error
+	KeyLogPath() string
+	KeyLogEnabled() bool
+}
+
+// Server serves the API for one instance.
+type Server struct {
+	// Instance is the instance name reported in status.
+	Instance string
+	Policy   *policy.Engine
+	// Components are the filters, keyed by Name().
+	Components []Component
+	// Logs holds each component's recent decision log lines, keyed by name.
+	Logs map[string]*logring.Ring
+	// KeyLog is optional.
+	KeyLog KeyLogger
+	Logger *slog.Logger
+	// AllowedUIDs may connect besides root and the server's own uid.
+	AllowedUIDs []int
+}
+
+type ctxKey struct{}
+
+// Listen creates the unix socket at path with mode 0600, replacing a stale
+// socket but refusing to steal one that a live server still answers on.
+func Listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("creating api socket directory: %w", err)
+	}
+	if _, err := os.Stat(path); err == nil {
+		if c, err := net.DialTimeout("unix", path, 500*time.Millisecond); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("api socket %s is in use by a running filter: stop it first or use another instance name", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("removing stale api socket: %w", err)
+		}
+	}
+	// The umask makes the socket 0600 from its creation: no window in which
+	// another user could connect.
+	old := syscall.Umask(0o177)
+	l, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listening on api socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("securing api socket: %w", err)
+	}
+	return l, nil
+}
+
+// Serve answers API requests on l until ctx ends.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	hs := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, ctxKey{}, peerUID(c))
+		},
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(l) }()
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		hs.Shutdown(sctx)
+		return nil
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("serving api: %w", err)
+	}
+}
+
+// peerUID returns the connecting process's uid, or -1 when unknown.
+func peerUID(c net.Conn) int {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return -1
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	uid := -1
+	raw.Control(func(fd uintptr) {
+		cred, err := syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+		if err == nil {
+			uid = int(cred.Uid)
+		}
+	})
+	return uid
+}
+
+func (s *Server) uidAllowed(uid int) bool {
+	if uid == 0 || uid == os.Geteuid() {
+		return uid >= 0
+	}
+	for _, a := range s.AllowedUIDs {
+		if a == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// Handler returns the API's HTTP handler (exported for tests).
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/status", s.status)
+	mux.HandleFunc("GET /v1/mode", s.getMode)
+	mux.HandleFunc("PUT /v1/mode", s.setMode)
+	mux.HandleFunc("POST /v1/reload", s.reload)
+	mux.HandleFunc("GET /v1/allowlist", s.listAllowlist)
+	mux.HandleFunc("POST /v1/allowlist/add", s.addAllowlist)
+	mux.HandleFunc("POST /v1/allowlist/remove", s.removeAllowlist)
+	mux.HandleFunc("GET /v1/profile", s.getProfile)
+	mux.HandleFunc("DELETE /v1/profile", s.clearProfile)
+	mux.HandleFunc("GET /v1/logs/{component}", s.logs)
+	mux.HandleFunc("GET /v1/keylog", s.getKeyLog)
+	mux.HandleFunc("PUT /v1/keylog", s.setKeyLog)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if uid, ok := r.Context().Value(ctxKey{}).(int); ok && !s.uidAllowed(uid) {
+			writeErr(w, http.StatusForbidden, fmt.Errorf("uid %d may not control this instance", uid), "run abox as root or as the user that started it")
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// Status is the body of GET /v1/status.
+type Status struct {
+	Instance   string              `json:"instance"`
+	Mode       policy.Mode         `json:"mode"`
+	Allowlist  policy.ReloadStatus `json:"allowlist"`
+	Components map[string]any      `json:"components"`
+	KeyLog     *KeyLogStatus       `json:"keylog,omitempty"`
+}
+
+// KeyLogStatus is the body of GET/PUT /v1/keylog.
+type KeyLogStatus struct {
+	Enabled bool   `json:"enabled"`
+	Path    string `json:"path"`
+}
+
+// ErrorBody is every error response.
+type ErrorBody struct {
+	Error string `json:"error"`
+	Hint  string `json:"hint,omitempty"`
+}
+
+// EntriesBody carries allowlist entries both ways.
+type EntriesBody struct {
+	Entries []string `json:"entries"`
+	Path    string   `json:"path,omitempty"`
+}
+
+// ModeBody carries the mode.
+type ModeBody struct {
+	Mode policy.Mode `json:"mode"`
+}
+
+// LogsBody carries recent log lines.
+type LogsBody struct {
+	Lines []json.RawMessage `json:"lines"`
+	// Seq is the sequence number of the newest line; pass it back as
+	// ?since= to follow.
+	Seq uint64 `json:"seq"`
+}
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	st := Status{
+		Instance:   s.Instance,
+		Mode:       s.Policy.Mode(),
+		Allowlist:  s.Policy.Status(),
+		Components: map[string]any{},
+	}
+	for _, c := range s.Components {
+		st.Components[c.Name()] = c.Stats()
+	}
+	if s.KeyLog != nil {
+		st.KeyLog = &KeyLogStatus{Enabled: s.KeyLog.KeyLogEnabled(), Path: s.KeyLog.KeyLogPath()}
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) getMode(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, ModeBody{Mode: s.Policy.Mode()})
+}
+
+func (s *Server) setMode(w http.ResponseWriter, r *http.Request) {
+	var b ModeBody
+	if !readJSON(w, r, &b) {
+		return
+	}
+	m, err := policy.ParseMode(string(b.Mode))
+	if err != nil {
+		writeErr(w, http.StatusBadRequest, err, "")
+		return
+	}
+	s.Policy.SetMode(m)
+	s.logger().Info("filter mode changed", "mode", string(m))
+	writeJSON(w, http.StatusOK, ModeBody{Mode: m})
+}
+
+func (s *Server) reload(w http.ResponseWriter, r *http.Request) {
+	if err := s.Policy.Reload(); err != nil {
+		writeErr(w, http.StatusUnprocessableEntity, err, "fix the listed lines; the previous allowlist stays in force")
+		return
+	}
+	writeJSON(w, http.StatusOK, s.Policy.Status())
+}
+
+func (s *Server) listAllowlist(w http.ResponseWriter, r *http.Request) {
+	var out []string
+	for _, e := range s.Policy.List().Entries() {
+		out = append(out, e.String())
+	}
+	if out == nil {
+		out = []string{}
+	}
+	writeJSON(w, http.StatusOK, EntriesBody{Entries: out, Path: s.Policy.Path()})
+}
+
+func (s *Server) addAllowlist(w http.ResponseWriter, r *http.Request) {
+	var b EntriesBody
+	if !readJSON(w, r, &b) {
+		return
+	}
+	added, err := s.Policy.Add(b.Entries...)
+	if err != nil {
+		writeErr(w, http.StatusUnprocessableEntity, err, "")
+		return
+	}
+	if added == nil {
+		added = []string{}
+	}
+	writeJSON(w, http.StatusOK, EntriesBody{Entries: added, Path: s.Policy.Path()})
+}
+
+func (s *Server) removeAllowlist(w http.ResponseWriter, r *http.Request) {
+	var b EntriesBody
+	if !readJSON(w, r, &b) {
+		return
+	}
+	removed, err := s.Policy.Remove(b.Entries...)
+	if err != nil {
+		writeErr(w, http.StatusUnprocessableEntity, err, "")
+		return
+	}
+	writeJSON(w, http.StatusOK, EntriesBody{Entries: removed, Path: s.Policy.Path()})
+}
+
+func (s *Server) getProfile(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.Policy.Profile())
+}
+
+func (s *Server) clearProfile(w http.ResponseWriter, r *http.Request) {
+	s.Policy.ClearProfile()
+	writeJSON(w, http.StatusOK, s.Policy.Profile())
+}
+
+func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("component")
+	ring, ok := s.Logs[name]
+	if !ok {
+		writeErr(w, http.StatusNotFound, fmt.Errorf("no component %q in this instance", name), "")
+		return
+	}
+	var lines [][]byte
+	var seq uint64
+	if v := r.URL.Query().Get("since"); v != "" {
+		since, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			writeErr(w, http.StatusBadRequest, fmt.Errorf("bad since %q", v), "")
+			return
+		}
+		lines, seq = ring.Since(since)
+	} else {
+		n := 100
+		if v := r.URL.Query().Get("n"); v != "" {
+			var err error
+			if n, err = strconv.Atoi(v); err != nil || n < 0 {
+				writeErr(w, http.StatusBadRequest, fmt.Errorf("bad n %q", v), "")
+				return
+			}
+		}
+		lines, seq = ring.Last(n)
+	}
+	body := LogsBody{Lines: make([]json.RawMessage, 0, len(lines)), Seq: seq}
+	for _, l := range lines {
+		if json.Valid(l) {
+			body.Lines = append(body.Lines, l)
+		}
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+func (s *Server) getKeyLog(w http.ResponseWriter, r *http.Request) {
+	if s.KeyLog == nil {
+		writeErr(w, http.StatusNotFound, errors.New("this instance has no HTTP filter"), "")
+		return
+	}
+	writeJSON(w, http.StatusOK, KeyLogStatus{Enabled: s.KeyLog.KeyLogEnabled(), Path: s.KeyLog.KeyLogPath()})
+}
+
+func (s *Server) setKeyLog(w http.ResponseWriter, r *http.Request) {
+	if s.KeyLog == nil {
+		writeErr(w, http.StatusNotFound, errors.New("this instance has no HTTP filter"), "")
+		return
+	}
+	var b KeyLogStatus
+	if !readJSON(w, r, &b) {
+		return
+	}
+	if err := s.KeyLog.SetKeyLog(b.Enabled); err != nil {
+		writeErr(w, http.StatusInternalServerError, err, "")
+		return
+	}
+	writeJSON(w, http.StatusOK, KeyLogStatus{Enabled: s.KeyLog.KeyLogEnabled(), Path: s.KeyLog.KeyLogPath()})
+}
+
+func (s *Server) logger() *slog.Logger {
+	if s.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Logger
+}
+
+const maxBody = 1 << 20
+
+func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeErr(w, http.StatusBadRequest, fmt.Errorf("decoding request: %w", err), "")
+		return false
+	}
+	return true
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeErr(w http.ResponseWriter, code int, err error, hint string) {
+	writeJSON(w, code, ErrorBody{Error: err.Error(), Hint: hint})
+}

@@ -1,0 +1,152 @@
+// Package cli adapts the abox command line to the internal packages: it parses
+// flags, calls one function and renders the result, nothing else.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/abox-dev/abox/internal/api"
+	"github.com/abox-dev/abox/internal/paths"
+)
+
+// Version is set at build time with -ldflags "-X .../internal/cli.Version=v1.2.3".
+var Version = "dev"
+
+// Exit codes decided in one place.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// env is what every command may use: the data layout and the streams.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	layout         func() (paths.Layout, error)
+}
+
+// hintError carries a hint for the user, printed once under the error.
+type hintError struct {
+	err  error
+	hint string
+}
+
+func (e *hintError) Error() string { return e.err.Error() }
+func (e *hintError) Unwrap() error { return e.err }
+
+func withHint(err error, hint string) error { return &hintError{err: err, hint: hint} }
+
+type usageError struct{ error }
+
+// Main runs the CLI and returns the process exit code.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	e := &env{stdin: stdin, stdout: stdout, stderr: stderr, layout: paths.Default}
+	root := newRootCmd(e)
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "abox: %v\n", err)
+	var he *hintError
+	if errors.As(err, &he) && he.hint != "" {
+		fmt.Fprintf(stderr, "hint: %s\n", he.hint)
+	}
+	var ae *api.Error
+	if errors.As(err, &ae) && ae.Hint != "" {
+		fmt.Fprintf(stderr, "hint: %s\n", ae.Hint)
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		return exitUsage
+	}
+	return exitError
+}
+
+func newRootCmd(e *env) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "abox",
+		Short: "Run AI coding agents in filtered, isolated virtual machines",
+		Long: `abox runs autonomous coding agents inside virtual machines and controls
+everything they can reach: a DNS allowlist filter and a filtering HTTP/HTTPS
+proxy on the gateway, a stateful packet filter, and a host-only network per
+instance.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return usageError{fmt.Errorf("%w (see %s --help)", err, c.CommandPath())}
+	})
+	root.AddCommand(
+		newVersionCmd(e),
+		newDNSCmd(e),
+		newHTTPCmd(e),
+		newAllowlistCmd(e),
+		newNetCmd(e),
+	)
+	return root
+}
+
+func newVersionCmd(e *env) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "version",
+		Short: "Print the abox version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			v := struct {
+				Version string `json:"version"`
+				Go      string `json:"go"`
+			}{Version: Version}
+			if bi, ok := debug.ReadBuildInfo(); ok {
+				v.Go = bi.GoVersion
+				if Version == "dev" {
+					for _, s := range bi.Settings {
+						if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+							v.Version = "dev-" + s.Value[:12]
+						}
+					}
+				}
+			}
+			if asJSON {
+				return writeJSON(e.stdout, v)
+			}
+			fmt.Fprintf(e.stdout, "abox %s (%s)\n", v.Version, v.Go)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// exactArgs is cobra.ExactArgs with an error that names what is missing.
+func exactArgs(n int, names string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageError{fmt.Errorf("%s takes %s (got %d arguments; see --help)", cmd.CommandPath(), names, len(args))}
+		}
+		return nil
+	}
+}

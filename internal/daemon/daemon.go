@@ -1,0 +1,101 @@
+// Package daemon runs one instance's filters: the policy engine with its file
+// watch and SIGHUP reload, the filter services and the local API, under one
+// errgroup with explicit readiness and bounded shutdown.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/abox-dev/abox/internal/api"
+	"github.com/abox-dev/abox/internal/logring"
+	"github.com/abox-dev/abox/internal/policy"
+)
+
+// Service is a filter the daemon hosts. Its listeners are bound before Run is
+// called, so a bound listener is what readiness means.
+type Service interface {
+	api.Component
+	// Serve runs until ctx ends and then returns nil after a bounded shutdown.
+	Serve(ctx context.Context) error
+}
+
+// Options configures Run.
+type Options struct {
+	Instance string
+	Policy   *policy.Engine
+	Services []Service
+	// Logs are the services' decision-log rings, keyed by service name.
+	Logs map[string]*logring.Ring
+	// KeyLog is the HTTP filter's key-log switch, if any.
+	KeyLog api.KeyLogger
+	// APISocket is the unix socket path of the local API.
+	APISocket string
+	Logger    *slog.Logger
+	// Ready is called once every listener is bound and the API answers.
+	Ready func()
+}
+
+// Run serves until ctx ends or a service fails; any failure stops everything,
+// so a broken filter never leaves the others running half-configured.
+func Run(ctx context.Context, o Options) error {
+	if o.Policy == nil {
+		return errors.New("running filters: no policy")
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ln, err := api.Listen(o.APISocket)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(o.APISocket)
+
+	comps := make([]api.Component, 0, len(o.Services))
+	for _, s := range o.Services {
+		comps = append(comps, s)
+	}
+	srv := &api.Server{Instance: o.Instance, Policy: o.Policy, Components: comps, Logs: o.Logs, KeyLog: o.KeyLog, Logger: log}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return srv.Serve(gctx, ln) })
+	g.Go(func() error { return o.Policy.Watch(gctx) })
+	g.Go(func() error { return reloadOnHangup(gctx, o.Policy, log) })
+	for _, s := range o.Services {
+		g.Go(func() error {
+			if err := s.Serve(gctx); err != nil {
+				return fmt.Errorf("%s filter: %w", s.Name(), err)
+			}
+			return nil
+		})
+	}
+	log.Info("filters ready", "instance", o.Instance, "api", o.APISocket, "mode", string(o.Policy.Mode()))
+	if o.Ready != nil {
+		o.Ready()
+	}
+	return g.Wait()
+}
+
+func reloadOnHangup(ctx context.Context, p *policy.Engine, log *slog.Logger) error {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGHUP)
+	defer signal.Stop(ch)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ch:
+			if err := p.Reload(); err != nil {
+				log.Error("SIGHUP reload rejected", "error", err.Error())
+			}
+		}
+	}
+}

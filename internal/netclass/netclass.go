@@ -1,0 +1,267 @@
+// Package netclass classifies IP addresses as public or as one of the special
+// ranges a sandboxed guest must never reach, shared by the DNS and HTTP filters.
+package netclass
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+)
+
+// Class names the range an address belongs to. Public is the only class that
+// is reachable by default.
+type Class string
+
+const (
+	Public        Class = "public"
+	Unspecified   Class = "unspecified"   // 0.0.0.0/8, ::
+	Loopback      Class = "loopback"      // 127/8, ::1
+	Private       Class = "private"       // RFC 1918
+	CGNAT         Class = "cgnat"         // 100.64/10
+	LinkLocal     Class = "link_local"    // 169.254/16, fe80::/10
+	UniqueLocal   Class = "unique_local"  // fc00::/7, fec0::/10 (site-local)
+	Multicast     Class = "multicast"     // 224/4, ff00::/8
+	Broadcast     Class = "broadcast"     // 255.255.255.255
+	Reserved      Class = "reserved"      // 240/4 and IPv6 outside 2000::/3
+	IETFProtocol  Class = "ietf_protocol" // 192.0.0/24, 2001::/23 special purpose
+	Documentation Class = "documentation" // TEST-NETs, 2001:db8::/32, 3fff::/20
+	Benchmarking  Class = "benchmarking"  // 198.18/15, 2001:2::/48
+	Relay6to4     Class = "relay_6to4"    // 192.88.99/24
+	HostAddress   Class = "host_address"  // one of the host's own interface addresses
+	Embedded      Class = "embedded_v4"   // translation prefix with no usable embedded address
+	Permitted     Class = "permitted"     // inside a range the user explicitly permitted
+	Invalid       Class = "invalid"       // the zero Addr
+)
+
+type rangeClass struct {
+	p netip.Prefix
+	c Class
+}
+
+// v4Ranges are the IPv4 special-purpose ranges (IANA registry, RFC 6890 and
+// successors) that are not globally reachable destinations.
+var v4Ranges = []rangeClass{
+	{netip.MustParsePrefix("0.0.0.0/8"), Unspecified},
+	{netip.MustParsePrefix("10.0.0.0/8"), Private},
+	{netip.MustParsePrefix("100.64.0.0/10"), CGNAT},
+	{netip.MustParsePrefix("127.0.0.0/8"), Loopback},
+	{netip.MustParsePrefix("169.254.0.0/16"), LinkLocal},
+	{netip.MustParsePrefix("172.16.0.0/12"), Private},
+	{netip.MustParsePrefix("192.0.0.0/24"), IETFProtocol},
+	{netip.MustParsePrefix("192.0.2.0/24"), Documentation},
+	{netip.MustParsePrefix("192.88.99.0/24"), Relay6to4},
+	{netip.MustParsePrefix("192.168.0.0/16"), Private},
+	{netip.MustParsePrefix("198.18.0.0/15"), Benchmarking},
+	{netip.MustParsePrefix("198.51.100.0/24"), Documentation},
+	{netip.MustParsePrefix("203.0.113.0/24"), Documentation},
+	{netip.MustParsePrefix("224.0.0.0/4"), Multicast},
+	{netip.MustParsePrefix("255.255.255.255/32"), Broadcast},
+	{netip.MustParsePrefix("240.0.0.0/4"), Reserved},
+}
+
+var (
+	nat64WellKnown = netip.MustParsePrefix("64:ff9b::/96")
+	nat64Local     = netip.MustParsePrefix("64:ff9b:1::/48")
+	sixToFour      = netip.MustParsePrefix("2002::/16")
+	teredo         = netip.MustParsePrefix("2001::/32")
+	v4Compatible   = netip.MustParsePrefix("::/96")
+	globalUnicast  = netip.MustParsePrefix("2000::/3")
+)
+
+// v6Ranges are IPv6 special-purpose ranges inside 2000::/3 (everything outside
+// 2000::/3 that is not handled explicitly is Reserved).
+var v6Ranges = []rangeClass{
+	{netip.MustParsePrefix("2001:db8::/32"), Documentation},
+	{netip.MustParsePrefix("3fff::/20"), Documentation},
+	{netip.MustParsePrefix("2001:2::/48"), Benchmarking},
+	{netip.MustParsePrefix("2001::/23"), IETFProtocol},
+}
+
+// v6Outside are the classes of well-known ranges outside 2000::/3, for better
+// reasons than a bare "reserved".
+var v6Outside = []rangeClass{
+	{netip.MustParsePrefix("fe80::/10"), LinkLocal},
+	{netip.MustParsePrefix("fc00::/7"), UniqueLocal},
+	{netip.MustParsePrefix("fec0::/10"), UniqueLocal},
+	{netip.MustParsePrefix("ff00::/8"), Multicast},
+}
+
+// Classify returns the class of a, looking inside IPv4-mapped, IPv4-compatible,
+// NAT64, 6to4 and Teredo addresses: such an address is as reachable as the
+// IPv4 address it carries.
+func Classify(a netip.Addr) Class {
+	if !a.IsValid() {
+		return Invalid
+	}
+	a = a.WithZone("")
+	if a.Is4In6() {
+		return classify4(a.Unmap())
+	}
+	if a.Is4() {
+		return classify4(a)
+	}
+	switch {
+	case a == netip.IPv6Unspecified():
+		return Unspecified
+	case a == netip.IPv6Loopback():
+		return Loopback
+	case v4Compatible.Contains(a):
+		// Deprecated IPv4-compatible form (::a.b.c.d); some stacks still route it.
+		return embeddedOrBlocked(v4At(a, 12))
+	case nat64WellKnown.Contains(a):
+		return embeddedOrBlocked(v4At(a, 12))
+	case nat64Local.Contains(a):
+		// Local-use NAT64 prefixes are network-specific: the embedded address
+		// position is unknown, so refuse the whole range.
+		return Embedded
+	case sixToFour.Contains(a):
+		return embeddedOrBlocked(v4At(a, 2))
+	case teredo.Contains(a):
+		// Teredo carries the server address in bits 32-63 and the client's
+		// address, inverted, in bits 96-127; both must be public.
+		if c := classify4(v4At(a, 4)); c != Public {
+			return c
+		}
+		b := a.As16()
+		client := netip.AddrFrom4([4]byte{^b[12], ^b[13], ^b[14], ^b[15]})
+		return classify4(client)
+	}
+	if !globalUnicast.Contains(a) {
+		for _, r := range v6Outside {
+			if r.p.Contains(a) {
+				return r.c
+			}
+		}
+		return Reserved
+	}
+	for _, r := range v6Ranges {
+		if r.p.Contains(a) {
+			return r.c
+		}
+	}
+	return Public
+}
+
+func classify4(a netip.Addr) Class {
+	for _, r := range v4Ranges {
+		if r.p.Contains(a) {
+			return r.c
+		}
+	}
+	return Public
+}
+
+func embeddedOrBlocked(v4 netip.Addr) Class {
+	return classify4(v4)
+}
+
+// v4At extracts the IPv4 address stored at byte offset off of an IPv6 address.
+func v4At(a netip.Addr, off int) netip.Addr {
+	b := a.As16()
+	return netip.AddrFrom4([4]byte{b[off], b[off+1], b[off+2], b[off+3]})
+}
+
+// Embedded4 returns the IPv4 address an IPv6 address carries in a translation
+// form (mapped, compatible, NAT64, 6to4), if any.
+func Embedded4(a netip.Addr) (netip.Addr, bool) {
+	a = a.WithZone("")
+	switch {
+	case a.Is4In6():
+		return a.Unmap(), true
+	case a.Is6() && a != netip.IPv6Unspecified() && a != netip.IPv6Loopback() && v4Compatible.Contains(a):
+		return v4At(a, 12), true
+	case nat64WellKnown.Contains(a):
+		return v4At(a, 12), true
+	case sixToFour.Contains(a):
+		return v4At(a, 2), true
+	}
+	return netip.Addr{}, false
+}
+
+// Policy decides which destination addresses a guest may reach. The zero value
+// permits only public addresses. A Policy is immutable and safe for concurrent use.
+type Policy struct {
+	// permit holds ranges the user explicitly allowed (--allow-private); they
+	// win over every other class, including the host's own addresses.
+	permit []netip.Prefix
+	// host holds the host's own interface addresses, never reachable unless permitted.
+	host map[netip.Addr]bool
+}
+
+// NewPolicy builds a policy. permit are the explicitly allowed ranges; host are
+// the host's own addresses (see HostAddrs).
+func NewPolicy(permit []netip.Prefix, host []netip.Addr) *Policy {
+	p := &Policy{host: make(map[netip.Addr]bool, len(host))}
+	for _, pr := range permit {
+		p.permit = append(p.permit, pr.Masked())
+	}
+	for _, h := range host {
+		p.host[h.WithZone("").Unmap()] = true
+	}
+	return p
+}
+
+// Check returns Public or Permitted for an address a guest may reach, and the
+// blocking class otherwise.
+func (p *Policy) Check(a netip.Addr) Class {
+	if !a.IsValid() {
+		return Invalid
+	}
+	a = a.WithZone("")
+	if p != nil && p.permitted(a) {
+		return Permitted
+	}
+	c := Classify(a)
+	if c != Public {
+		return c
+	}
+	if p != nil {
+		if p.host[a.Unmap()] {
+			return HostAddress
+		}
+		if v4, ok := Embedded4(a); ok && p.host[v4] {
+			return HostAddress
+		}
+	}
+	return Public
+}
+
+func (p *Policy) permitted(a netip.Addr) bool {
+	if len(p.permit) == 0 {
+		return false
+	}
+	cands := []netip.Addr{a.Unmap()}
+	if v4, ok := Embedded4(a); ok {
+		cands = append(cands, v4)
+	}
+	for _, pr := range p.permit {
+		for _, c := range cands {
+			if pr.Contains(c) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Allowed reports whether Check's class lets traffic through.
+func Allowed(c Class) bool { return c == Public || c == Permitted }
+
+// HostAddrs returns the addresses of every interface of this host. Filters add
+// them to a Policy so that a guest cannot reach services on the host through
+// an address that happens to be public.
+func HostAddrs() ([]netip.Addr, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("listing host addresses: %w", err)
+	}
+	out := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		if pn, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(pn.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out, nil
+}

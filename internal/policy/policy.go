@@ -1,0 +1,345 @@
+// Package policy holds one instance's filtering state shared by the DNS and
+// HTTP filters: the live allowlist, the active/passive mode and the passive
+// profile, with hot reload from the allowlist file.
+package policy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/fsutil"
+)
+
+// HealthcheckName answers locally in both filters, in every mode.
+const HealthcheckName = "healthcheck.abox.local"
+
+// Reason codes beyond those of package allowlist. Every filter uses these
+// strings verbatim in logs, API responses, DNS Extended Errors and 403 bodies.
+const (
+	ReasonHealthcheck = "healthcheck"
+	// ReasonPassive: not allowlisted, allowed because the instance is in passive mode.
+	ReasonPassive = "passive_mode"
+)
+
+// Mode is the enforcement mode of an instance's filters.
+type Mode string
+
+const (
+	Active  Mode = "active"
+	Passive Mode = "passive"
+)
+
+// ParseMode validates a user-supplied mode.
+func ParseMode(s string) (Mode, error) {
+	switch Mode(strings.ToLower(strings.TrimSpace(s))) {
+	case Active:
+		return Active, nil
+	case Passive:
+		return Passive, nil
+	}
+	return "", fmt.Errorf("unknown filter mode %q: use active or passive", s)
+}
+
+// Config configures an Engine.
+type Config struct {
+	// AllowlistPath is the allowlist file; it is created empty if missing.
+	AllowlistPath string
+	// Logger receives reload results; nil discards.
+	Logger *slog.Logger
+	// ProfileLimit bounds the passive profile (distinct names); 0 means 10000.
+	ProfileLimit int
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Engine is the shared, concurrency-safe policy of one instance. Decide is
+// lock-free; changes to the list are serialised by mu.
+type Engine struct {
+	path string
+	log  *slog.Logger
+	now  func() time.Time
+
+	// list is never nil after New.
+	list    atomic.Pointer[allowlist.List]
+	passive atomic.Bool
+	profile *Profile
+
+	// mu serialises reloads and file edits so an API edit never races a
+	// file-watch reload into an older list.
+	mu     sync.Mutex
+	status atomic.Pointer[ReloadStatus]
+}
+
+// ReloadStatus describes the last reload attempt.
+type ReloadStatus struct {
+	Path     string    `json:"path"`
+	Entries  int       `json:"entries"`
+	LoadedAt time.Time `json:"loaded_at"`
+	// LastError is the error of the last rejected reload since the list in
+	// force was loaded; empty when the last attempt succeeded.
+	LastError   string    `json:"last_error,omitempty"`
+	LastErrorAt time.Time `json:"last_error_at,omitzero"`
+	Reloads     uint64    `json:"reloads"`
+}
+
+// New loads the allowlist and returns an engine in active mode. An invalid
+// file is an error: a filter must not start with a list it cannot enforce.
+func New(cfg Config) (*Engine, error) {
+	if cfg.AllowlistPath == "" {
+		return nil, errors.New("creating policy: no allowlist path")
+	}
+	e := &Engine{
+		path:    cfg.AllowlistPath,
+		log:     cfg.Logger,
+		now:     cfg.Now,
+		profile: NewProfile(cfg.ProfileLimit),
+	}
+	if e.log == nil {
+		e.log = slog.New(slog.DiscardHandler)
+	}
+	if e.now == nil {
+		e.now = time.Now
+	}
+	if _, err := os.Stat(e.path); errors.Is(err, fs.ErrNotExist) {
+		if err := fsutil.WriteFileAtomic(e.path, []byte(emptyHeader), 0o644); err != nil {
+			return nil, fmt.Errorf("creating allowlist: %w", err)
+		}
+	}
+	l, err := e.load()
+	if err != nil {
+		return nil, err
+	}
+	e.list.Store(l)
+	e.status.Store(&ReloadStatus{Path: e.path, Entries: l.Len(), LoadedAt: e.now()})
+	return e, nil
+}
+
+const emptyHeader = "# abox allowlist: one name per line; *.example.com allows every name below example.com\n"
+
+func (e *Engine) load() (*allowlist.List, error) {
+	f, err := os.Open(e.path)
+	if err != nil {
+		return nil, fmt.Errorf("loading allowlist: %w", err)
+	}
+	defer f.Close()
+	l, err := allowlist.Parse(f, e.path)
+	if err != nil {
+		return nil, fmt.Errorf("loading allowlist: %w", err)
+	}
+	return l, nil
+}
+
+// Path is the allowlist file.
+func (e *Engine) Path() string { return e.path }
+
+// List is the allowlist in force.
+func (e *Engine) List() *allowlist.List { return e.list.Load() }
+
+// Mode is the current mode.
+func (e *Engine) Mode() Mode {
+	if e.passive.Load() {
+		return Passive
+	}
+	return Active
+}
+
+// SetMode switches mode for every filter of the instance at once.
+func (e *Engine) SetMode(m Mode) {
+	e.passive.Store(m == Passive)
+	e.log.Info("filter mode set", "mode", string(m))
+}
+
+// Decide applies the policy to a host name: healthcheck first, then the
+// allowlist; in passive mode names that are not allowlisted are allowed and
+// recorded. Names that are not valid host names are blocked in every mode.
+// Address checks (private ranges, rebinding) are the filters' next step.
+func (e *Engine) Decide(name string) allowlist.Decision {
+	n, err := allowlist.NormalizeName(name)
+	if err != nil {
+		return allowlist.Decision{Verdict: allowlist.Block, Reason: allowlist.ReasonInvalidName}
+	}
+	return e.DecideNormalized(n)
+}
+
+// DecideNormalized is Decide for a name returned by allowlist.NormalizeName.
+func (e *Engine) DecideNormalized(n string) allowlist.Decision {
+	if n == HealthcheckName {
+		return allowlist.Decision{Verdict: allowlist.Allow, Reason: ReasonHealthcheck}
+	}
+	d := e.list.Load().MatchNormalized(n)
+	if e.passive.Load() {
+		e.profile.Record(n, d.Verdict == allowlist.Allow, e.now())
+		if d.Verdict == allowlist.Block {
+			return allowlist.Decision{Verdict: allowlist.Allow, Reason: ReasonPassive}
+		}
+	}
+	return d
+}
+
+// Status reports the last reload.
+func (e *Engine) Status() ReloadStatus { return *e.status.Load() }
+
+// Reload re-reads the allowlist file. On error the list in force stays and the
+// error is kept in Status until a later reload succeeds.
+func (e *Engine) Reload() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.reloadLocked("reload")
+}
+
+func (e *Engine) reloadLocked(trigger string) error {
+	prev := e.status.Load()
+	l, err := e.load()
+	if err != nil {
+		st := *prev
+		st.LastError = err.Error()
+		st.LastErrorAt = e.now()
+		e.status.Store(&st)
+		e.log.Error("allowlist reload rejected; previous list stays in force", "trigger", trigger, "path", e.path, "error", err.Error())
+		return err
+	}
+	e.list.Store(l)
+	e.status.Store(&ReloadStatus{Path: e.path, Entries: l.Len(), LoadedAt: e.now(), Reloads: prev.Reloads + 1})
+	e.log.Info("allowlist reloaded", "trigger", trigger, "path", e.path, "entries", l.Len())
+	return nil
+}
+
+// Add validates entries and appends those not yet present to the file, then
+// reloads. Nothing is written if any entry is invalid. It returns the entries
+// that were added (normalised).
+func (e *Engine) Add(raw ...string) ([]string, error) {
+	entries, err := parseEntries(raw)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cur, err := e.load()
+	if err != nil {
+		return nil, fmt.Errorf("adding to allowlist: fix the file first: %w", err)
+	}
+	data, err := os.ReadFile(e.path)
+	if err != nil {
+		return nil, fmt.Errorf("adding to allowlist: %w", err)
+	}
+	var added []string
+	var buf bytes.Buffer
+	buf.Write(data)
+	if len(data) > 0 && data[len(data)-1] != '\n' {
+		buf.WriteByte('\n')
+	}
+	seen := map[string]bool{}
+	for _, en := range entries {
+		s := en.String()
+		if cur.Contains(en) || seen[s] {
+			continue
+		}
+		seen[s] = true
+		buf.WriteString(s + "\n")
+		added = append(added, s)
+	}
+	if len(added) == 0 {
+		return nil, nil
+	}
+	if err := e.writeLocked(buf.Bytes()); err != nil {
+		return nil, err
+	}
+	return added, e.reloadLocked("add")
+}
+
+// Remove deletes the lines holding the given entries and reloads. Asking to
+// remove an entry that is not in the list is an error and changes nothing.
+func (e *Engine) Remove(raw ...string) ([]string, error) {
+	entries, err := parseEntries(raw)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cur, err := e.load()
+	if err != nil {
+		return nil, fmt.Errorf("removing from allowlist: fix the file first: %w", err)
+	}
+	drop := map[string]bool{}
+	var missing []string
+	for _, en := range entries {
+		if !cur.Contains(en) {
+			missing = append(missing, en.String())
+		}
+		drop[en.String()] = true
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("removing from allowlist: not listed: %s (see abox allowlist list)", strings.Join(missing, ", "))
+	}
+	data, err := os.ReadFile(e.path)
+	if err != nil {
+		return nil, fmt.Errorf("removing from allowlist: %w", err)
+	}
+	var out bytes.Buffer
+	for _, line := range strings.SplitAfter(string(data), "\n") {
+		body := line
+		if i := strings.IndexByte(body, '#'); i >= 0 {
+			body = body[:i]
+		}
+		body = strings.TrimSpace(body)
+		if body != "" {
+			if en, err := allowlist.ParseEntry(body); err == nil && drop[en.String()] {
+				continue
+			}
+		}
+		out.WriteString(line)
+	}
+	if err := e.writeLocked(out.Bytes()); err != nil {
+		return nil, err
+	}
+	removed := make([]string, 0, len(drop))
+	for s := range drop {
+		removed = append(removed, s)
+	}
+	sort.Strings(removed)
+	return removed, e.reloadLocked("remove")
+}
+
+func (e *Engine) writeLocked(data []byte) error {
+	perm := fs.FileMode(0o644)
+	if st, err := os.Stat(e.path); err == nil {
+		perm = st.Mode().Perm()
+	}
+	return fsutil.WriteFileAtomic(e.path, data, perm)
+}
+
+func parseEntries(raw []string) ([]allowlist.Entry, error) {
+	if len(raw) == 0 {
+		return nil, errors.New("no entries given")
+	}
+	var errs []string
+	out := make([]allowlist.Entry, 0, len(raw))
+	for _, r := range raw {
+		en, err := allowlist.ParseEntry(r)
+		if err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		out = append(out, en)
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("invalid allowlist entry: %s", strings.Join(errs, "; "))
+	}
+	return out, nil
+}
+
+// Profile returns the names recorded in passive mode.
+func (e *Engine) Profile() ProfileSnapshot { return e.profile.Snapshot() }
+
+// ClearProfile forgets the recorded names.
+func (e *Engine) ClearProfile() { e.profile.Clear() }
