@@ -1,0 +1,300 @@
+// Package upstream is the filters' DNS client: it sends queries the filters
+// built themselves to the configured resolvers, with a per-try timeout,
+// TCP retry on truncation and failover in order.
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultTimeout = 2 * time.Second
+	// DefaultUDPSize is the EDNS0 buffer size we advertise upstream: the
+	// DNS Flag Day 2020 value, small enough to avoid IP fragmentation.
+	DefaultUDPSize = 1232
+	// DefaultResolvConf is where the host's resolvers are read from.
+	DefaultResolvConf = "/etc/resolv.conf"
+	// maxCNAMEChain bounds alias following in LookupNetIP.
+	maxCNAMEChain = 16
+)
+
+// Config configures a Client.
+type Config struct {
+	// Servers are resolver addresses (host:port, or a bare IP meaning port
+	// 53), tried in order. Empty means the host's resolvers (DefaultResolvConf).
+	Servers []string
+	// Timeout bounds one try against one server (UDP plus any TCP retry);
+	// 0 means DefaultTimeout.
+	Timeout time.Duration
+	// UDPSize is the EDNS0 buffer size LookupNetIP advertises; 0 means DefaultUDPSize.
+	UDPSize uint16
+}
+
+// Client sends queries to the upstream resolvers. It is safe for concurrent use.
+type Client struct {
+	// servers is non-empty, each entry a host:port.
+	servers []string
+	timeout time.Duration
+	udpSize uint16
+	udp     *dns.Client
+	tcp     *dns.Client
+}
+
+// New returns a client for cfg.Servers, or for the host's resolvers when
+// none are given.
+func New(cfg Config) (*Client, error) {
+	servers := cfg.Servers
+	if len(servers) == 0 {
+		hs, err := HostServers(DefaultResolvConf)
+		if err != nil {
+			return nil, err
+		}
+		servers = hs
+	}
+	norm := make([]string, 0, len(servers))
+	for _, s := range servers {
+		a, err := ParseServer(s)
+		if err != nil {
+			return nil, err
+		}
+		norm = append(norm, a)
+	}
+	c := &Client{servers: norm, timeout: cfg.Timeout, udpSize: cfg.UDPSize}
+	if c.timeout <= 0 {
+		c.timeout = DefaultTimeout
+	}
+	if c.udpSize == 0 {
+		c.udpSize = DefaultUDPSize
+	}
+	// UDPSize on the dns.Client sizes the read buffer when a query carries no
+	// OPT record; an upstream may still send up to what we advertised.
+	c.udp = &dns.Client{Net: "udp", UDPSize: dns.MaxMsgSize, Timeout: c.timeout}
+	c.tcp = &dns.Client{Net: "tcp", Timeout: c.timeout}
+	return c, nil
+}
+
+// ParseServer validates a resolver address and returns it as host:port. A
+// bare IP address means port 53. Host names are refused: resolving the
+// resolver would need a resolver.
+func ParseServer(s string) (string, error) {
+	s = strings.TrimSpace(s)
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		if ap.Port() == 0 {
+			return "", fmt.Errorf("upstream %q: port 0 is not a resolver port", s)
+		}
+		return ap.String(), nil
+	}
+	if a, err := netip.ParseAddr(strings.Trim(s, "[]")); err == nil {
+		return netip.AddrPortFrom(a, 53).String(), nil
+	}
+	return "", fmt.Errorf("upstream %q: want IP or IP:PORT (for example 1.1.1.1:53 or [2606:4700::1111]:53)", s)
+}
+
+// HostServers reads the nameservers of a resolv.conf file.
+func HostServers(path string) ([]string, error) {
+	cc, err := dns.ClientConfigFromFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading host resolvers: %w (pass an upstream explicitly)", err)
+	}
+	if len(cc.Servers) == 0 {
+		return nil, fmt.Errorf("reading host resolvers: no nameserver in %s (pass an upstream explicitly)", path)
+	}
+	out := make([]string, 0, len(cc.Servers))
+	for _, s := range cc.Servers {
+		out = append(out, net.JoinHostPort(s, cc.Port))
+	}
+	return out, nil
+}
+
+// Servers returns the resolver addresses in failover order.
+func (c *Client) Servers() []string { return append([]string(nil), c.servers...) }
+
+// Exchange sends m to the resolvers in order and returns the first usable
+// answer and its round-trip time. A server that times out, fails, answers
+// SERVFAIL or REFUSED, or answers a different question is skipped; if every
+// server answered SERVFAIL/REFUSED the last such answer is returned. A
+// truncated UDP answer is retried over TCP against the same server.
+// m is not modified.
+func (c *Client) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, time.Duration, error) {
+	if len(m.Question) != 1 {
+		return nil, 0, errors.New("querying upstream: want exactly one question")
+	}
+	var errs []error
+	var last *dns.Msg
+	var lastRTT time.Duration
+	for _, srv := range c.servers {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		r, rtt, err := c.try(ctx, m, srv)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", srv, err))
+			continue
+		}
+		if r.Rcode == dns.RcodeServerFailure || r.Rcode == dns.RcodeRefused {
+			last, lastRTT = r, rtt
+			errs = append(errs, fmt.Errorf("%s: answered %s", srv, dns.RcodeToString[r.Rcode]))
+			continue
+		}
+		return r, rtt, nil
+	}
+	if last != nil {
+		return last, lastRTT, nil
+	}
+	return nil, 0, fmt.Errorf("querying upstream for %s %s: %w", m.Question[0].Name, dns.TypeToString[m.Question[0].Qtype], errors.Join(errs...))
+}
+
+// try asks one server: UDP, then TCP if the answer was truncated.
+func (c *Client) try(ctx context.Context, m *dns.Msg, srv string) (*dns.Msg, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	q := m.Copy()
+	start := time.Now()
+	r, _, err := c.udp.ExchangeContext(ctx, q, srv)
+	if err == nil && r.Truncated {
+		r, _, err = c.tcp.ExchangeContext(ctx, q, srv)
+	}
+	rtt := time.Since(start)
+	if err != nil {
+		return nil, rtt, err
+	}
+	if err := sameQuestion(q, r); err != nil {
+		return nil, rtt, err
+	}
+	return r, rtt, nil
+}
+
+// sameQuestion rejects an answer to another question: miekg/dns checks the
+// ID only, and a response for another name must never be used for this one.
+func sameQuestion(q, r *dns.Msg) error {
+	if len(r.Question) != 1 {
+		return fmt.Errorf("answer has %d questions", len(r.Question))
+	}
+	a, b := q.Question[0], r.Question[0]
+	if a.Qtype != b.Qtype || a.Qclass != b.Qclass || !strings.EqualFold(a.Name, b.Name) {
+		return fmt.Errorf("answer is for %s %s, asked %s %s", b.Name, dns.TypeToString[b.Qtype], a.Name, dns.TypeToString[a.Qtype])
+	}
+	return nil
+}
+
+// LookupNetIP resolves host to its IPv4 and IPv6 addresses (A and AAAA asked
+// in parallel), following CNAME chains inside the answers. The addresses are
+// not filtered: callers classify them. An IP literal is returned as is. A
+// name with no address is a *net.DNSError with IsNotFound set.
+func (c *Client) LookupNetIP(ctx context.Context, host string) ([]netip.Addr, error) {
+	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+		return []netip.Addr{a}, nil
+	}
+	name := dns.Fqdn(host)
+	if _, ok := dns.IsDomainName(name); !ok {
+		return nil, &net.DNSError{Err: "invalid host name", Name: host}
+	}
+	type result struct {
+		addrs []netip.Addr
+		err   error
+	}
+	ch := make(chan result, 2)
+	for _, t := range []uint16{dns.TypeA, dns.TypeAAAA} {
+		go func() {
+			a, err := c.lookupType(ctx, name, t)
+			ch <- result{a, err}
+		}()
+	}
+	var addrs []netip.Addr
+	var errs []error
+	for range 2 {
+		r := <-ch
+		addrs = append(addrs, r.addrs...)
+		if r.err != nil {
+			errs = append(errs, r.err)
+		}
+	}
+	if len(addrs) > 0 {
+		return addrs, nil
+	}
+	var notFound *net.DNSError
+	for _, e := range errs {
+		if errors.As(e, &notFound) && notFound.IsNotFound {
+			continue
+		}
+		return nil, &net.DNSError{Err: e.Error(), Name: host, IsTemporary: true}
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+func (c *Client) lookupType(ctx context.Context, name string, t uint16) ([]netip.Addr, error) {
+	m := new(dns.Msg)
+	m.SetQuestion(name, t)
+	m.SetEdns0(c.udpSize, false)
+	r, _, err := c.Exchange(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	switch r.Rcode {
+	case dns.RcodeSuccess:
+	case dns.RcodeNameError:
+		return nil, &net.DNSError{Err: "no such host", Name: name, IsNotFound: true}
+	default:
+		return nil, fmt.Errorf("resolving %s %s: upstream answered %s", name, dns.TypeToString[t], dns.RcodeToString[r.Rcode])
+	}
+	return ChainAddrs(name, t, r.Answer), nil
+}
+
+// ChainAddrs returns the addresses of type t (A or AAAA) that answer name:
+// those owned by name or by a name reached from it through the CNAME records
+// of answer. Records for unrelated owners are ignored.
+func ChainAddrs(name string, t uint16, answer []dns.RR) []netip.Addr {
+	chain := CNAMEChain(name, answer)
+	var out []netip.Addr
+	for _, rr := range answer {
+		if rr.Header().Rrtype != t || !chain[strings.ToLower(rr.Header().Name)] {
+			continue
+		}
+		var ip net.IP
+		switch v := rr.(type) {
+		case *dns.A:
+			ip = v.A
+		case *dns.AAAA:
+			ip = v.AAAA
+		}
+		if a, ok := netip.AddrFromSlice(ip); ok {
+			if t == dns.TypeA {
+				a = a.Unmap()
+			}
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// CNAMEChain returns the set of lowercase FQDNs reachable from name through
+// CNAME records in rrs, name included, following at most 16 aliases.
+func CNAMEChain(name string, rrs []dns.RR) map[string]bool {
+	cur := strings.ToLower(dns.Fqdn(name))
+	chain := map[string]bool{cur: true}
+	for range maxCNAMEChain {
+		next := ""
+		for _, rr := range rrs {
+			if cn, ok := rr.(*dns.CNAME); ok && strings.EqualFold(cn.Hdr.Name, cur) {
+				next = strings.ToLower(cn.Target)
+				break
+			}
+		}
+		if next == "" || chain[next] {
+			break
+		}
+		chain[next] = true
+		cur = next
+	}
+	return chain
+}
