@@ -133,6 +133,22 @@ func (s *Server) Add(records ...string) *Server {
 	return s
 }
 
+// AddText is Add returning an error instead of panicking, for zone text
+// that is not a test constant.
+func (s *Server) AddText(records ...string) error {
+	for _, r := range records {
+		rr, err := dns.NewRR(r)
+		if err != nil {
+			return fmt.Errorf("record %q: %w", r, err)
+		}
+		if rr == nil {
+			return fmt.Errorf("record %q: empty", r)
+		}
+		s.AddRR(rr)
+	}
+	return nil
+}
+
 // AddRR adds records to the zone.
 func (s *Server) AddRR(rrs ...dns.RR) *Server {
 	s.mu.Lock()

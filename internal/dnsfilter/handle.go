@@ -1,0 +1,355 @@
+package dnsfilter
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/policy"
+)
+
+// Reason codes of the DNS filter, beyond those of packages allowlist and
+// policy. They are stable: they appear in logs and in EDE texts.
+const (
+	// ReasonRebinding: an allowed name answered with an address the guest may not reach.
+	ReasonRebinding = "dns_rebinding"
+	// ReasonPrivateReverse: a reverse lookup of a private or reserved range (never forwarded).
+	ReasonPrivateReverse = "private_reverse"
+	// ReasonQuestionCount: a query without exactly one question.
+	ReasonQuestionCount = "question_count"
+	// ReasonMalformed: a query carrying answer, authority or stray additional records.
+	ReasonMalformed = "malformed_query"
+	// ReasonOpcode: an opcode other than QUERY (UPDATE, NOTIFY, ...).
+	ReasonOpcode = "opcode_refused"
+	// ReasonClass: a class other than IN (CHAOS version.bind, ...).
+	ReasonClass = "class_refused"
+	// ReasonZoneTransfer: AXFR or IXFR.
+	ReasonZoneTransfer = "zone_transfer"
+	// ReasonQtype: a meta query type (OPT, TSIG, TKEY, MAILA, MAILB) or type 0.
+	ReasonQtype = "qtype_refused"
+	// ReasonEDNSVersion: an EDNS version other than 0.
+	ReasonEDNSVersion = "edns_version"
+	// ReasonRateLimited: the client exceeded its query rate.
+	ReasonRateLimited = "rate_limited"
+	// ReasonUpstream: the upstream resolvers failed; the verdict was allow.
+	ReasonUpstream = "upstream_error"
+	// ReasonOverloaded: too many upstream queries in flight.
+	ReasonOverloaded = "overloaded"
+)
+
+// decision is what one query led to, for the log line and counters.
+type decision struct {
+	name    string
+	qtype   uint16
+	verdict allowlist.Verdict
+	reason  string
+	rule    string
+	class   string // address class of a rebinding block
+	rcode   int
+	cached  bool
+	rtt     time.Duration
+	err     error
+}
+
+// Handle answers one parsed query from client over network ("udp" or
+// "tcp"). It returns nil when nothing must be sent (req is a response).
+func (s *Server) Handle(ctx context.Context, client netip.Addr, network string, req *dns.Msg) *dns.Msg {
+	if req.Response {
+		return nil
+	}
+	s.st.queries.Add(1)
+	resp, d := s.decide(ctx, client, req)
+	if d.reason == ReasonRateLimited {
+		// decide logged it, sparingly.
+		return resp
+	}
+	if resp.Truncated = resp.Truncated || !fit(resp, maxSize(req, network)); resp.Truncated {
+		s.st.truncated.Add(1)
+	}
+	s.logDecision(ctx, client, d)
+	return resp
+}
+
+// decide runs the decision path. Every branch returns a complete response.
+func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*dns.Msg, decision) {
+	var d decision
+	if len(req.Question) == 1 {
+		d.name, d.qtype = req.Question[0].Name, req.Question[0].Qtype
+	}
+	if s.limit != nil {
+		if ok, logIt := s.limit.allow(client, s.now()); !ok {
+			s.st.rateLimited.Add(1)
+			d.verdict, d.reason, d.rcode = allowlist.Block, ReasonRateLimited, dns.RcodeRefused
+			if logIt {
+				s.log.LogAttrs(ctx, slog.LevelWarn, "dns rate limit exceeded; further refusals for this client are not logged for a while",
+					slog.String("client", client.String()), slog.String("reason", ReasonRateLimited))
+			}
+			return refusal(req, dns.RcodeRefused, dns.ExtendedErrorCodeProhibited, ReasonRateLimited), d
+		}
+	}
+	// Header and sections. The upstream only ever sees a query we build, so
+	// these checks are about answering honestly and logging the attempt.
+	if len(req.Question) != 1 {
+		s.st.formerr.Add(1)
+		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonQuestionCount, dns.RcodeFormatError
+		return formerr(req), d
+	}
+	if req.Opcode != dns.OpcodeQuery {
+		s.st.refused.Add(1)
+		rcode := dns.RcodeNotImplemented
+		if req.Opcode == dns.OpcodeUpdate || req.Opcode == dns.OpcodeNotify {
+			// Understood, and refused by policy: this filter serves no zone.
+			rcode = dns.RcodeRefused
+		}
+		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonOpcode, rcode
+		return refusal(req, rcode, dns.ExtendedErrorCodeNotSupported, ReasonOpcode), d
+	}
+	opt, ok := queryOPT(req)
+	if len(req.Answer) > 0 || len(req.Ns) > 0 || !ok {
+		s.st.formerr.Add(1)
+		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonMalformed, dns.RcodeFormatError
+		return formerr(req), d
+	}
+	if opt != nil && opt.Version() != 0 {
+		s.st.formerr.Add(1)
+		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonEDNSVersion, dns.RcodeBadVers
+		m := new(dns.Msg)
+		m.SetRcode(req, dns.RcodeBadVers)
+		m.SetEdns0(MaxUDPSize, false)
+		return m, d
+	}
+	q := req.Question[0]
+	if q.Qclass != dns.ClassINET {
+		s.st.refused.Add(1)
+		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonClass, dns.RcodeRefused
+		return refusal(req, dns.RcodeRefused, dns.ExtendedErrorCodeNotSupported, ReasonClass), d
+	}
+	switch q.Qtype {
+	case dns.TypeAXFR, dns.TypeIXFR:
+		s.st.refused.Add(1)
+		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonZoneTransfer, dns.RcodeRefused
+		return refusal(req, dns.RcodeRefused, dns.ExtendedErrorCodeNotSupported, ReasonZoneTransfer), d
+	case dns.TypeNone, dns.TypeOPT, dns.TypeTSIG, dns.TypeTKEY, dns.TypeMAILA, dns.TypeMAILB:
+		s.st.refused.Add(1)
+		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonQtype, dns.RcodeRefused
+		return refusal(req, dns.RcodeRefused, dns.ExtendedErrorCodeNotSupported, ReasonQtype), d
+	}
+
+	// The name.
+	n, err := allowlist.NormalizeName(q.Name)
+	if err != nil {
+		s.st.blocked.Add(1)
+		d.verdict, d.reason, d.rcode = allowlist.Block, allowlist.ReasonInvalidName, dns.RcodeNameError
+		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: allowlist.ReasonInvalidName}, ""), d
+	}
+	d.name = n
+	if n == policy.HealthcheckName {
+		s.st.healthcheck.Add(1)
+		d.verdict, d.reason, d.rcode = allowlist.Allow, policy.ReasonHealthcheck, dns.RcodeSuccess
+		return s.healthcheck(req), d
+	}
+	if isReverse(n) && !reverseForwardable(n) {
+		s.st.blocked.Add(1)
+		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonPrivateReverse, dns.RcodeNameError
+		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonPrivateReverse}, ""), d
+	}
+	pd := s.pol.DecideNormalized(n)
+	d.verdict, d.reason, d.rule = pd.Verdict, pd.Reason, pd.Rule
+	if pd.Verdict != allowlist.Allow {
+		s.st.blocked.Add(1)
+		d.rcode = dns.RcodeNameError
+		return blocked(req, pd, ""), d
+	}
+
+	// Allowed: resolve (cache or upstream), then answer from the checked entry.
+	do := opt != nil && opt.Do()
+	e, cached, rtt, err := s.resolve(ctx, n, q.Qtype, do)
+	d.cached, d.rtt = cached, rtt
+	if err != nil {
+		d.err = err
+		d.reason, d.rcode = ReasonUpstream, dns.RcodeServerFailure
+		if err == errOverloaded {
+			d.reason = ReasonOverloaded
+		}
+		code := dns.ExtendedErrorCodeNetworkError
+		return refusal(req, dns.RcodeServerFailure, code, d.reason), d
+	}
+	if e.blockClass != "" {
+		s.st.blocked.Add(1)
+		s.st.rebinding.Add(1)
+		d.verdict, d.reason, d.class, d.rcode = allowlist.Block, ReasonRebinding, string(e.blockClass), dns.RcodeNameError
+		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonRebinding, Rule: pd.Rule}, string(e.blockClass)), d
+	}
+	s.st.allowed.Add(1)
+	d.rcode = e.rcode
+	return e.reply(req, opt, s.now()), d
+}
+
+// queryOPT returns the query's OPT record (nil without EDNS) and whether the
+// additional section is acceptable: at most one record, and that an OPT.
+func queryOPT(req *dns.Msg) (*dns.OPT, bool) {
+	switch len(req.Extra) {
+	case 0:
+		return nil, true
+	case 1:
+		opt, ok := req.Extra[0].(*dns.OPT)
+		return opt, ok
+	}
+	return nil, false
+}
+
+// maxSize is the largest answer the client can take over network.
+func maxSize(req *dns.Msg, network string) int {
+	if network == "tcp" {
+		return dns.MaxMsgSize
+	}
+	size := dns.MinMsgSize
+	if opt, ok := queryOPT(req); ok && opt != nil {
+		size = max(int(opt.UDPSize()), dns.MinMsgSize)
+	}
+	return min(size, MaxUDPSize)
+}
+
+// fit makes m at most size bytes: additional records go first (except the
+// OPT), then authority; if the answer still does not fit, the records that
+// do are kept and TC is set so the client may retry over TCP. It reports
+// whether everything fit without TC.
+func fit(m *dns.Msg, size int) bool {
+	m.Compress = true
+	if m.Len() <= size {
+		return true
+	}
+	var opt []dns.RR
+	for _, rr := range m.Extra {
+		if rr.Header().Rrtype == dns.TypeOPT {
+			opt = append(opt, rr)
+		}
+	}
+	m.Extra = opt
+	if m.Len() <= size {
+		return true
+	}
+	m.Ns = nil
+	if m.Len() <= size {
+		return true
+	}
+	m.Truncate(size)
+	m.Truncated = true
+	return false
+}
+
+// formerr answers a message we will not interpret. The question is echoed
+// only when there is exactly one.
+func formerr(req *dns.Msg) *dns.Msg {
+	m := new(dns.Msg)
+	m.Id, m.Response, m.Opcode, m.RecursionDesired = req.Id, true, req.Opcode, req.RecursionDesired
+	m.RecursionAvailable = true
+	m.Rcode = dns.RcodeFormatError
+	if len(req.Question) == 1 {
+		m.Question = []dns.Question{req.Question[0]}
+	}
+	return m
+}
+
+// refusal answers rcode with an EDE carrying reason, when the client sent EDNS.
+func refusal(req *dns.Msg, rcode int, ede uint16, reason string) *dns.Msg {
+	m := new(dns.Msg)
+	m.SetRcode(req, rcode)
+	m.RecursionAvailable = true
+	if opt, ok := queryOPT(req); ok && opt != nil {
+		addEDE(m, opt, ede, "reason="+reason)
+	}
+	return m
+}
+
+// blocked answers NXDOMAIN for a policy block, with EDE Blocked whose text
+// carries the reason code, the rule and the address class (never the
+// address: the guest learns nothing about internal hosts).
+func blocked(req *dns.Msg, d allowlist.Decision, class string) *dns.Msg {
+	m := new(dns.Msg)
+	m.SetRcode(req, dns.RcodeNameError)
+	m.RecursionAvailable = true
+	if opt, ok := queryOPT(req); ok && opt != nil {
+		text := "reason=" + d.Reason
+		if class != "" {
+			text += " class=" + class
+		}
+		if d.Rule != "" {
+			text += " rule=" + d.Rule
+		}
+		addEDE(m, opt, dns.ExtendedErrorCodeBlocked, text)
+	}
+	return m
+}
+
+func addEDE(m *dns.Msg, clientOPT *dns.OPT, code uint16, text string) {
+	o := newOPT(clientOPT.Do())
+	o.Option = append(o.Option, &dns.EDNS0_EDE{InfoCode: code, ExtraText: text})
+	m.Extra = append(m.Extra, o)
+}
+
+func newOPT(do bool) *dns.OPT {
+	o := &dns.OPT{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeOPT}}
+	o.SetUDPSize(MaxUDPSize)
+	if do {
+		o.SetDo()
+	}
+	return o
+}
+
+var loopback = net.IPv4(127, 0, 0, 1).To4()
+
+// healthcheck answers healthcheck.abox.local locally: A 127.0.0.1, NODATA
+// for every other type.
+func (s *Server) healthcheck(req *dns.Msg) *dns.Msg {
+	m := new(dns.Msg)
+	m.SetReply(req)
+	m.Authoritative = true
+	m.RecursionAvailable = true
+	q := req.Question[0]
+	if q.Qtype == dns.TypeA {
+		m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: s.minTTL}, A: loopback}}
+	}
+	if opt, _ := queryOPT(req); opt != nil {
+		m.Extra = append(m.Extra, newOPT(opt.Do()))
+	}
+	return m
+}
+
+func (s *Server) logDecision(ctx context.Context, client netip.Addr, d decision) {
+	if !s.log.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 12)
+	attrs = append(attrs,
+		slog.String("client", client.String()),
+		slog.String("name", d.name),
+		slog.String("type", typeString(d.qtype)),
+		slog.String("verdict", string(d.verdict)),
+		slog.String("reason", d.reason),
+		slog.String("rule", d.rule),
+		slog.String("rcode", dns.RcodeToString[d.rcode]),
+		slog.Float64("upstream_ms", float64(d.rtt.Microseconds())/1000),
+		slog.Bool("cached", d.cached),
+	)
+	if d.class != "" {
+		attrs = append(attrs, slog.String("class", d.class))
+	}
+	level := slog.LevelInfo
+	if d.err != nil {
+		attrs = append(attrs, slog.String("error", d.err.Error()))
+		level = slog.LevelWarn
+	}
+	s.log.LogAttrs(ctx, level, "dns", attrs...)
+}
+
+// isReverse reports whether n lies in the reverse-mapping trees.
+func isReverse(n string) bool {
+	return n == "in-addr.arpa" || n == "ip6.arpa" || strings.HasSuffix(n, ".in-addr.arpa") || strings.HasSuffix(n, ".ip6.arpa")
+}

@@ -1,0 +1,350 @@
+// Package dnsfilter is the per-instance DNS filter: it answers allowlisted
+// names through the upstream resolvers, checks every address an answer ends
+// in, and refuses everything else with a reason.
+package dnsfilter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"github.com/miekg/dns"
+	"golang.org/x/net/netutil"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/abox-dev/abox/internal/netclass"
+	"github.com/abox-dev/abox/internal/policy"
+)
+
+// Exchanger sends a query the filter built to the upstream resolvers.
+// *upstream.Client implements it.
+type Exchanger interface {
+	Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, time.Duration, error)
+}
+
+// Defaults for Config fields left zero.
+const (
+	DefaultMinTTL       = 5 * time.Second
+	DefaultMaxTTL       = 300 * time.Second
+	DefaultCacheSize    = 10000
+	DefaultRateLimit    = 200 // queries per second per client
+	DefaultRateBurst    = 400
+	DefaultRateClients  = 4096
+	DefaultQueryTimeout = 5 * time.Second
+	DefaultMaxInflight  = 256
+	DefaultMaxTCPConns  = 128
+	// MaxUDPSize is the largest UDP answer we ever send (DNS Flag Day 2020):
+	// it avoids fragmentation, which the packet filter would not pass.
+	MaxUDPSize = 1232
+)
+
+// Config configures a Server.
+type Config struct {
+	// PacketConn and Listener are the bound UDP and TCP sockets; at least
+	// one is required. The Server owns them from New on.
+	PacketConn net.PacketConn
+	Listener   net.Listener
+	// Policy decides names; required.
+	Policy *policy.Engine
+	// Upstream resolves allowed queries; required.
+	Upstream Exchanger
+	// Addrs decides which answer addresses the guest may be given; nil
+	// permits only public addresses.
+	Addrs *netclass.Policy
+	// Logger receives one line per decision; nil discards.
+	Logger *slog.Logger
+	// MinTTL and MaxTTL bound the TTL of every record we send and cache.
+	MinTTL, MaxTTL time.Duration
+	// CacheSize bounds the number of cached answers; negative disables the cache.
+	CacheSize int
+	// RateLimit is the sustained queries per second allowed per client
+	// address (IPv6 clients per /64) and RateBurst the bucket size; a
+	// negative RateLimit disables limiting. RateClients bounds the number of
+	// clients tracked; past it, new clients share one bucket.
+	RateLimit   float64
+	RateBurst   int
+	RateClients int
+	// QueryTimeout bounds the upstream part of one query.
+	QueryTimeout time.Duration
+	// MaxInflight bounds concurrent upstream queries; past it queries get
+	// SERVFAIL at once rather than piling up.
+	MaxInflight int
+	// MaxTCPConns bounds concurrent TCP connections.
+	MaxTCPConns int
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Server is the DNS filter. It implements daemon.Service and dns.Handler.
+type Server struct {
+	pc  net.PacketConn
+	ln  net.Listener
+	pol *policy.Engine
+	up  Exchanger
+	// addrs is never nil.
+	addrs  *netclass.Policy
+	log    *slog.Logger
+	now    func() time.Time
+	minTTL uint32 // seconds, <= maxTTL
+	maxTTL uint32 // seconds
+	qto    time.Duration
+
+	cache    *cache // nil when disabled
+	limit    *limiter
+	flight   singleflight.Group
+	inflight chan struct{}
+
+	// base is the context ServeDNS derives query contexts from, set by Serve.
+	base atomic.Pointer[context.Context]
+
+	st counters
+}
+
+// New validates cfg and returns a server; nothing is served until Serve.
+func New(cfg Config) (*Server, error) {
+	if cfg.PacketConn == nil && cfg.Listener == nil {
+		return nil, errors.New("dns filter: no socket to serve on")
+	}
+	if cfg.Policy == nil {
+		return nil, errors.New("dns filter: no policy")
+	}
+	if cfg.Upstream == nil {
+		return nil, errors.New("dns filter: no upstream")
+	}
+	s := &Server{pc: cfg.PacketConn, ln: cfg.Listener, pol: cfg.Policy, up: cfg.Upstream, addrs: cfg.Addrs, log: cfg.Logger, now: cfg.Now}
+	if s.addrs == nil {
+		s.addrs = netclass.NewPolicy(nil, nil)
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	minTTL, maxTTL := orDefault(cfg.MinTTL, DefaultMinTTL), orDefault(cfg.MaxTTL, DefaultMaxTTL)
+	if minTTL > maxTTL {
+		return nil, fmt.Errorf("dns filter: minimum TTL %s is above maximum TTL %s", minTTL, maxTTL)
+	}
+	s.minTTL, s.maxTTL = uint32(minTTL/time.Second), uint32(maxTTL/time.Second)
+	s.qto = orDefault(cfg.QueryTimeout, DefaultQueryTimeout)
+	if cfg.CacheSize >= 0 {
+		s.cache = newCache(orDefault(cfg.CacheSize, DefaultCacheSize))
+	}
+	if cfg.RateLimit >= 0 {
+		s.limit = newLimiter(orDefault(cfg.RateLimit, DefaultRateLimit), orDefault(cfg.RateBurst, DefaultRateBurst), orDefault(cfg.RateClients, DefaultRateClients))
+	}
+	s.inflight = make(chan struct{}, orDefault(cfg.MaxInflight, DefaultMaxInflight))
+	if s.ln != nil {
+		s.ln = netutil.LimitListener(s.ln, orDefault(cfg.MaxTCPConns, DefaultMaxTCPConns))
+	}
+	return s, nil
+}
+
+func orDefault[T int | float64 | time.Duration](v, d T) T {
+	if v <= 0 {
+		return d
+	}
+	return v
+}
+
+// Listen binds UDP and TCP on the same address (port 0 picks one free port
+// for both).
+func Listen(addr string) (net.PacketConn, net.Listener, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dns listen address %q: %w (want IP:PORT, for example 127.0.0.1:53)", addr, err)
+	}
+	if _, err := netip.ParseAddr(host); err != nil {
+		return nil, nil, fmt.Errorf("dns listen address %q: %q is not an IP address", addr, host)
+	}
+	for attempt := 0; ; attempt++ {
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			return nil, nil, fmt.Errorf("dns filter: listening on udp %s: %w", addr, err)
+		}
+		ln, err := net.Listen("tcp", pc.LocalAddr().String())
+		if err == nil {
+			return pc, ln, nil
+		}
+		pc.Close()
+		// With port 0 the kernel may pick a UDP port whose TCP twin is taken.
+		if port != "0" || attempt == 10 {
+			return nil, nil, fmt.Errorf("dns filter: listening on tcp %s: %w", addr, err)
+		}
+	}
+}
+
+// Name is the component name used by the local API and CLI.
+func (s *Server) Name() string { return "dns" }
+
+// Addr returns the UDP address served (or the TCP one if there is no UDP socket).
+func (s *Server) Addr() net.Addr {
+	if s.pc != nil {
+		return s.pc.LocalAddr()
+	}
+	return s.ln.Addr()
+}
+
+// Serve answers queries until ctx ends, then shuts down within 5 seconds.
+func (s *Server) Serve(ctx context.Context) error {
+	s.base.Store(&ctx)
+	var servers []*dns.Server
+	if s.pc != nil {
+		servers = append(servers, &dns.Server{PacketConn: s.pc, Handler: s, MsgAcceptFunc: acceptQuery, MsgInvalidFunc: s.invalid, UDPSize: dns.MaxMsgSize})
+	}
+	if s.ln != nil {
+		servers = append(servers, &dns.Server{Listener: s.ln, Handler: s, MsgAcceptFunc: acceptQuery, MsgInvalidFunc: s.invalid,
+			ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, MaxTCPQueries: 256,
+			IdleTimeout: func() time.Duration { return 10 * time.Second }})
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for _, srv := range servers {
+		started := make(chan struct{})
+		srv.NotifyStartedFunc = func() { close(started) }
+		done := make(chan error, 1)
+		g.Go(func() error {
+			err := srv.ActivateAndServe()
+			done <- err
+			if err != nil && gctx.Err() == nil {
+				return fmt.Errorf("serving dns: %w", err)
+			}
+			return nil
+		})
+		g.Go(func() error {
+			select {
+			case <-started:
+			case <-done:
+				return nil
+			}
+			<-gctx.Done()
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := srv.ShutdownContext(sctx); err != nil {
+				return fmt.Errorf("stopping dns server: %w", err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// acceptQuery lets every request through to ServeDNS, which checks header
+// and sections itself so that each refusal is counted and logged; responses
+// are ignored so that two servers never answer each other in a loop.
+func acceptQuery(dh dns.Header) dns.MsgAcceptAction {
+	if dh.Bits&(1<<15) != 0 {
+		return dns.MsgIgnore
+	}
+	return dns.MsgAccept
+}
+
+// invalid counts messages miekg/dns could not parse (it answers FORMERR).
+func (s *Server) invalid(m []byte, err error) {
+	s.st.malformed.Add(1)
+}
+
+// ServeDNS implements dns.Handler.
+func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	ctx := context.Background()
+	if p := s.base.Load(); p != nil {
+		ctx = *p
+	}
+	network := "udp"
+	var client netip.Addr
+	switch a := w.RemoteAddr().(type) {
+	case *net.UDPAddr:
+		client = a.AddrPort().Addr().Unmap()
+	case *net.TCPAddr:
+		client = a.AddrPort().Addr().Unmap()
+		network = "tcp"
+	}
+	if resp := s.Handle(ctx, client, network, req); resp != nil {
+		if err := w.WriteMsg(resp); err != nil {
+			s.st.writeErrors.Add(1)
+		}
+	}
+}
+
+// counters are the live statistics; Stats snapshots them.
+type counters struct {
+	queries, allowed, blocked, rebinding, refused, formerr, malformed, healthcheck atomic.Uint64
+	cacheHits, upstreamQueries, upstreamErrors, rateLimited, truncated, overloaded atomic.Uint64
+	writeErrors                                                                    atomic.Uint64
+}
+
+// Stats is a snapshot of the filter's counters, served by `abox dns status`.
+type Stats struct {
+	Listen    string   `json:"listen"`
+	Upstreams []string `json:"upstreams,omitempty"`
+	// Queries counts every parsed query, including refused and rate-limited ones.
+	Queries uint64 `json:"queries"`
+	// Allowed counts answers given under an allow decision (healthcheck excluded).
+	Allowed uint64 `json:"allowed"`
+	// Blocked counts NXDOMAIN answers given by policy: not allowlisted,
+	// invalid names, private reverse lookups and rebinding.
+	Blocked uint64 `json:"blocked"`
+	// RebindingBlocked is the part of Blocked due to a forbidden answer address.
+	RebindingBlocked uint64 `json:"rebinding_blocked"`
+	// Refused counts protocol refusals: opcodes, classes, zone transfers, meta types.
+	Refused uint64 `json:"refused"`
+	FormErr uint64 `json:"formerr"`
+	// Malformed counts packets that could not be parsed at all.
+	Malformed       uint64 `json:"malformed"`
+	Healthcheck     uint64 `json:"healthcheck"`
+	CacheHits       uint64 `json:"cache_hits"`
+	CacheEntries    int    `json:"cache_entries"`
+	UpstreamQueries uint64 `json:"upstream_queries"`
+	UpstreamErrors  uint64 `json:"upstream_errors"`
+	RateLimited     uint64 `json:"rate_limited"`
+	// Overloaded counts queries answered SERVFAIL because MaxInflight upstream queries were pending.
+	Overloaded uint64 `json:"overloaded"`
+	// Truncated counts answers sent with TC set.
+	Truncated   uint64 `json:"truncated"`
+	WriteErrors uint64 `json:"write_errors"`
+}
+
+// Stats implements daemon.Service.
+func (s *Server) Stats() any { return s.Snapshot() }
+
+// Snapshot returns the counters.
+func (s *Server) Snapshot() Stats {
+	st := Stats{
+		Listen:           s.Addr().String(),
+		Queries:          s.st.queries.Load(),
+		Allowed:          s.st.allowed.Load(),
+		Blocked:          s.st.blocked.Load(),
+		RebindingBlocked: s.st.rebinding.Load(),
+		Refused:          s.st.refused.Load(),
+		FormErr:          s.st.formerr.Load(),
+		Malformed:        s.st.malformed.Load(),
+		Healthcheck:      s.st.healthcheck.Load(),
+		CacheHits:        s.st.cacheHits.Load(),
+		UpstreamQueries:  s.st.upstreamQueries.Load(),
+		UpstreamErrors:   s.st.upstreamErrors.Load(),
+		RateLimited:      s.st.rateLimited.Load(),
+		Overloaded:       s.st.overloaded.Load(),
+		Truncated:        s.st.truncated.Load(),
+		WriteErrors:      s.st.writeErrors.Load(),
+	}
+	if s.cache != nil {
+		st.CacheEntries = s.cache.len()
+	}
+	if u, ok := s.up.(interface{ Servers() []string }); ok {
+		st.Upstreams = u.Servers()
+	}
+	return st
+}
+
+// typeString names a query type for logs.
+func typeString(t uint16) string {
+	if s, ok := dns.TypeToString[t]; ok {
+		return s
+	}
+	return "TYPE" + fmt.Sprint(t)
+}
