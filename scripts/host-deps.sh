@@ -53,7 +53,19 @@ for p in $PACKAGES; do
 	installed "$p" || missing="$missing $p"
 done
 
+# libvirt 9.0 writes /var/lib/libvirt/dnsmasq/<network>.macs whenever a guest
+# starts on a network, but only creates that directory when it runs dnsmasq,
+# which abox's networks (<dns enable='no'/>, no DHCP) never do: without it
+# every start fails with "Failed to create file ... .macs.new".
+ensure_state_dirs() {
+	if [ -d /var/lib/libvirt ] && [ ! -d /var/lib/libvirt/dnsmasq ] && [ "$(id -u)" -eq 0 ]; then
+		log "creating /var/lib/libvirt/dnsmasq"
+		install -d -m 0755 /var/lib/libvirt/dnsmasq
+	fi
+}
+
 if [ -z "$missing" ]; then
+	ensure_state_dirs
 	log "all host packages present"
 	exit 0
 fi
@@ -115,4 +127,5 @@ if [ -n "$still" ]; then
 	log "still missing after install:$still"
 	exit 1
 fi
+ensure_state_dirs
 log "done"
