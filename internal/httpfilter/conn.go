@@ -1,0 +1,245 @@
+package httpfilter
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// idleConn closes itself when no byte has moved in either direction for
+// idle. It replaces absolute deadlines: a download of any size or duration
+// lives as long as it keeps moving. Close runs onClose exactly once.
+type idleConn struct {
+	net.Conn
+	idle    time.Duration
+	last    atomic.Int64 // unix nanoseconds of the last byte read or written
+	timer   *time.Timer
+	once    sync.Once
+	onClose func()
+	rx, tx  atomic.Int64 // bytes read from and written to the peer
+}
+
+func newIdleConn(c net.Conn, idle time.Duration, onClose func()) *idleConn {
+	ic := &idleConn{Conn: c, idle: idle, onClose: onClose}
+	ic.last.Store(time.Now().UnixNano())
+	if idle > 0 {
+		ic.timer = time.AfterFunc(idle, ic.check)
+	}
+	return ic
+}
+
+func (c *idleConn) check() {
+	quiet := time.Duration(time.Now().UnixNano() - c.last.Load())
+	if quiet >= c.idle {
+		c.Close()
+		return
+	}
+	c.timer.Reset(c.idle - quiet)
+}
+
+func (c *idleConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.last.Store(time.Now().UnixNano())
+		c.rx.Add(int64(n))
+	}
+	return n, err
+}
+
+func (c *idleConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if n > 0 {
+		c.last.Store(time.Now().UnixNano())
+		c.tx.Add(int64(n))
+	}
+	return n, err
+}
+
+func (c *idleConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() {
+		if c.timer != nil {
+			c.timer.Stop()
+		}
+		if c.onClose != nil {
+			c.onClose()
+		}
+	})
+	return err
+}
+
+// CloseWrite half-closes when the underlying connection can.
+func (c *idleConn) CloseWrite() error { return closeWrite(c.Conn) }
+
+// limitListener caps concurrent connections. A connection over the cap gets
+// a 503 and is closed at once instead of queueing in the kernel backlog,
+// where the guest could hold the proxy's file descriptors.
+type limitListener struct {
+	net.Listener
+	p   *Proxy
+	sem chan struct{}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.sem <- struct{}{}:
+			return l.p.track(c, func() { <-l.sem }), nil
+		default:
+			l.p.stats.connsRefused.Add(1)
+			go refuseConn(c)
+		}
+	}
+}
+
+const tooManyBody = "abox proxy: too many connections\n"
+
+func refuseConn(c net.Conn) {
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nX-Abox-Reason: %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s",
+		ReasonTooManyConns, len(tooManyBody), tooManyBody)
+	c.Close()
+}
+
+// prefixConn replays bytes already read (by a bufio.Reader or a ClientHello
+// peek) before reading from the connection again.
+type prefixConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func withPrefix(c net.Conn, prefix []byte) net.Conn {
+	if len(prefix) == 0 {
+		return c
+	}
+	return &prefixConn{Conn: c, r: io.MultiReader(bytesReader(prefix), c)}
+}
+
+func withBuffered(c net.Conn, br *bufio.Reader) net.Conn {
+	if br == nil || br.Buffered() == 0 {
+		return c
+	}
+	b, _ := br.Peek(br.Buffered())
+	return withPrefix(c, append([]byte(nil), b...))
+}
+
+func (c *prefixConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+type byteReader struct{ b []byte }
+
+func bytesReader(b []byte) io.Reader { return &byteReader{b} }
+
+func (r *byteReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b)
+	r.b = r.b[n:]
+	return n, nil
+}
+
+// innerConn is an intercepted client connection handed to the shared inner
+// HTTP/1.1 server; it carries the tunnel's scope and signals its end.
+type innerConn struct {
+	net.Conn
+	sc   *scope
+	done chan struct{}
+	once sync.Once
+}
+
+func (c *innerConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { close(c.done) })
+	return err
+}
+
+// chanListener feeds intercepted connections to an http.Server.
+type chanListener struct {
+	ch     chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+	addr   net.Addr
+}
+
+func newChanListener(addr net.Addr) *chanListener {
+	return &chanListener{ch: make(chan net.Conn), closed: make(chan struct{}), addr: addr}
+}
+
+func (l *chanListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *chanListener) push(ctx context.Context, c net.Conn) error {
+	select {
+	case l.ch <- c:
+		return nil
+	case <-l.closed:
+		return net.ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l *chanListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *chanListener) Addr() net.Addr { return l.addr }
+
+// pipe copies both directions until either side ends, half-closing so
+// protocols that shut down one direction first still work. It returns the
+// bytes copied from a to b and from b to a.
+func pipe(a, b net.Conn) (ab, ba int64) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ba = copyHalf(a, b)
+	}()
+	ab = copyHalf(b, a)
+	wg.Wait()
+	return ab, ba
+}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+
+func copyHalf(dst, src net.Conn) int64 {
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	n, err := io.CopyBuffer(writerOnly{dst}, readerOnly{src}, *bp)
+	if err != nil || closeWrite(dst) != nil {
+		dst.Close()
+		src.Close()
+	}
+	return n
+}
+
+// readerOnly and writerOnly hide ReadFrom/WriteTo so io.CopyBuffer goes
+// through the wrappers' Read and Write, which keep the idle clock running.
+type readerOnly struct{ io.Reader }
+type writerOnly struct{ io.Writer }
+
+func closeWrite(c net.Conn) error {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Close()
+}
+
+func (g *h1Guard) CloseWrite() error    { return closeWrite(g.Conn) }
+func (c *prefixConn) CloseWrite() error { return closeWrite(c.Conn) }

@@ -1,0 +1,225 @@
+package httpfilter
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/egress"
+)
+
+// serveConnect decides a CONNECT, then intercepts the tunnel (default),
+// tunnels it after checking the ClientHello (exceptions, --no-mitm), or
+// answers the healthcheck itself.
+func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record) {
+	t, err := egress.ParseAuthority(r.Host, 0)
+	if err != nil {
+		rec.host, rec.err = r.Host, err
+		p.refuse(w, rec, http.StatusBadRequest, ReasonInvalidTarget, true)
+		p.finish(rec)
+		return
+	}
+	rec.setTarget(t)
+	d := p.decide(r.Context(), t)
+	rec.apply(d)
+	if d.verdict != allowlist.Allow {
+		p.refuse(w, rec, d.status, d.reason, true)
+		p.finish(rec)
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		rec.err = err
+		p.refuse(w, rec, http.StatusInternalServerError, "hijack_failed", true)
+		p.finish(rec)
+		return
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		rec.err, rec.status = err, 499
+		p.finish(rec)
+		return
+	}
+	rec.status = http.StatusOK
+	client := withBuffered(conn, brw.Reader)
+	p.stats.tunnelsOpen.Add(1)
+	defer p.stats.tunnelsOpen.Add(-1)
+	ctx := context.WithoutCancel(r.Context())
+	switch {
+	case d.healthcheck:
+		// Answered here in every mode, TLS included: nothing leaves the host.
+		rec.mode = "healthcheck"
+		p.intercept(ctx, client, t, rec)
+	case p.cfg.NoMITM || p.exceptions[t.Host()]:
+		rec.mode = "tunnel"
+		p.stats.tunnels.Add(1)
+		p.tunnel(ctx, client, d.checked, rec)
+	default:
+		rec.mode = "mitm"
+		p.stats.intercepted.Add(1)
+		p.intercept(ctx, client, t, rec)
+	}
+	p.finish(rec)
+}
+
+var errHelloRead = errors.New("client hello read")
+
+// recordingConn feeds a TLS server the client's bytes while keeping a copy,
+// and swallows everything the server writes.
+type recordingConn struct {
+	net.Conn
+	buf bytes.Buffer
+}
+
+func (c *recordingConn) Read(b []byte) (int, error) {
+	if c.buf.Len() > 64<<10 {
+		return 0, errors.New("client hello too large")
+	}
+	n, err := c.Conn.Read(b)
+	c.buf.Write(b[:n])
+	return n, err
+}
+
+func (c *recordingConn) Write(b []byte) (int, error) { return len(b), nil }
+
+// peekClientHello reads the ClientHello without answering it and returns
+// the hello and the bytes read, to be replayed to the upstream.
+func peekClientHello(c net.Conn) (*tls.ClientHelloInfo, []byte, error) {
+	rc := &recordingConn{Conn: c}
+	var hello *tls.ClientHelloInfo
+	err := tls.Server(rc, &tls.Config{
+		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			hello = h
+			return nil, errHelloRead
+		},
+	}).Handshake()
+	if hello == nil {
+		return nil, rc.buf.Bytes(), fmt.Errorf("reading client hello: %w", err)
+	}
+	return hello, rc.buf.Bytes(), nil
+}
+
+// sniMatches reports whether a ClientHello's server name is the CONNECT host.
+func sniMatches(sni string, t egress.Target) bool {
+	st, err := egress.ParseHost(sni)
+	return err == nil && st.Name == t.Name && st.Addr == t.Addr
+}
+
+// tunnel relays bytes after checking that the ClientHello names the CONNECT
+// host; a missing or different SNI closes the tunnel before any byte leaves.
+func (p *Proxy) tunnel(ctx context.Context, client net.Conn, checked *egress.Checked, rec *record) {
+	client.SetReadDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
+	hello, raw, err := peekClientHello(client)
+	client.SetReadDeadline(time.Time{})
+	switch {
+	case err != nil:
+		rec.verdict, rec.reason, rec.err = allowlist.Block, ReasonNotTLS, err
+		return
+	case hello.ServerName == "":
+		rec.verdict, rec.reason = allowlist.Block, ReasonSNIMissing
+		return
+	case !sniMatches(hello.ServerName, checked.Target):
+		rec.verdict, rec.reason, rec.sni = allowlist.Block, ReasonSNIMismatch, hello.ServerName
+		return
+	}
+	rec.sni = hello.ServerName
+	up, err := p.guard.Dial(ctx, checked)
+	if err != nil {
+		rec.err = err
+		rec.reason = ReasonUpstreamConnect
+		p.stats.upstreamErrors.Add(1)
+		return
+	}
+	upc := newIdleConn(up, p.cfg.IdleTimeout, nil)
+	defer upc.Close()
+	if _, err := upc.Write(raw); err != nil {
+		rec.err = err
+		return
+	}
+	rec.up = int64(len(raw))
+	ab, ba := pipe(client, upc)
+	rec.up += ab
+	rec.down += ba
+}
+
+// intercept terminates the guest's TLS with a leaf from the instance CA and
+// serves the inner requests, each decided again by serveInner. Bytes that
+// are not TLS are served as plain HTTP under the same rules.
+func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target, rec *record) {
+	client.SetReadDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
+	var first [1]byte
+	if _, err := io.ReadFull(client, first[:]); err != nil {
+		rec.err = err
+		return
+	}
+	client = withPrefix(client, first[:])
+	sc := &scope{connect: t, scheme: "https", defaultPort: 443}
+	if first[0] != 0x16 { // not a TLS handshake record
+		client.SetReadDeadline(time.Time{})
+		sc.scheme, sc.defaultPort = "http", 80
+		p.serveInnerH1(ctx, client, sc)
+		return
+	}
+	var sniErr string
+	cfg := &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		NextProtos:   []string{"h2", "http/1.1"},
+		KeyLogWriter: p.keylog,
+		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			// No SNI is normal for IP literals; inner requests are still
+			// held to the CONNECT host.
+			if h.ServerName != "" && !sniMatches(h.ServerName, t) {
+				sniErr = h.ServerName
+				return nil, errors.New("sni does not match the connect host")
+			}
+			return p.cfg.CA.Leaf(t.Host())
+		},
+	}
+	tc := tls.Server(client, cfg)
+	hctx, cancel := context.WithTimeout(ctx, p.cfg.HandshakeTimeout)
+	err := tc.HandshakeContext(hctx)
+	cancel()
+	client.SetReadDeadline(time.Time{})
+	if err != nil {
+		rec.err = err
+		if sniErr != "" {
+			rec.verdict, rec.reason, rec.sni = allowlist.Block, ReasonSNIMismatch, sniErr
+		} else {
+			rec.reason = ReasonClientHandshake
+		}
+		return
+	}
+	cs := tc.ConnectionState()
+	sc.sni = cs.ServerName
+	rec.sni = cs.ServerName
+	if cs.NegotiatedProtocol == "h2" {
+		p.h2.ServeConn(tc, &http2.ServeConnOpts{
+			Context:    context.WithValue(ctx, scopeKey{}, sc),
+			Handler:    http.HandlerFunc(p.serveInner),
+			BaseConfig: p.inner,
+		})
+		tc.Close()
+		return
+	}
+	p.serveInnerH1(ctx, tc, sc)
+}
+
+// serveInnerH1 hands an intercepted HTTP/1.1 connection to the inner server
+// and waits until it is closed.
+func (p *Proxy) serveInnerH1(ctx context.Context, c net.Conn, sc *scope) {
+	ic := &innerConn{Conn: newH1Guard(c, p.cfg.MaxHeaderBytes, func(reason string) { p.countBlock(reason) }), sc: sc, done: make(chan struct{})}
+	if err := p.innerLn.push(ctx, ic); err != nil {
+		c.Close()
+		return
+	}
+	<-ic.done
+}

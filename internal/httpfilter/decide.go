@@ -1,0 +1,226 @@
+package httpfilter
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/egress"
+	"github.com/abox-dev/abox/internal/netclass"
+	"github.com/abox-dev/abox/internal/policy"
+)
+
+// decision is the outcome of the one decision path every request, CONNECT
+// and intercepted request goes through.
+type decision struct {
+	verdict allowlist.Verdict
+	reason  string
+	rule    string
+	// status answers a refusal: 403 for policy, 400 for bad input, 502 when
+	// the name cannot be resolved.
+	status      int
+	healthcheck bool
+	// checked is set when verdict is Allow and the target is not the
+	// healthcheck: the only addresses that may be dialled.
+	checked *egress.Checked
+	err     error // for the log only
+}
+
+func block(status int, reason string) decision {
+	return decision{verdict: allowlist.Block, reason: reason, status: status}
+}
+
+// decide: healthcheck, then (for IP literals) the address class, then the
+// allowlist, the port policy, one resolution and the class of every address.
+func (p *Proxy) decide(ctx context.Context, t egress.Target) decision {
+	if t.Name == policy.HealthcheckName {
+		return decision{verdict: allowlist.Allow, reason: policy.ReasonHealthcheck, healthcheck: true}
+	}
+	var d decision
+	if t.IsIP() {
+		// A literal needs no lookup: its class is the most precise reason.
+		if c := p.cfg.Addresses.Check(t.Addr); !netclass.Allowed(c) {
+			return block(http.StatusForbidden, string(c))
+		}
+		// Allowlist entries are names, so a literal is listed nowhere.
+		if p.cfg.Policy.Mode() != policy.Passive {
+			return block(http.StatusForbidden, allowlist.ReasonNotAllowlisted)
+		}
+		d = decision{verdict: allowlist.Allow, reason: policy.ReasonPassive}
+	} else {
+		ad := p.cfg.Policy.DecideNormalized(t.Name)
+		if ad.Verdict != allowlist.Allow {
+			d := block(http.StatusForbidden, ad.Reason)
+			d.rule = ad.Rule
+			return d
+		}
+		d = decision{verdict: allowlist.Allow, reason: ad.Reason, rule: ad.Rule}
+	}
+	if !p.ports[t.Port] {
+		return block(http.StatusForbidden, ReasonPortNotAllowed)
+	}
+	checked, ref := p.guard.Check(ctx, t)
+	if ref != nil {
+		status := http.StatusForbidden
+		if ref.Class == "" {
+			status = http.StatusBadGateway // the name did not resolve
+		}
+		rd := block(status, ref.Reason)
+		rd.rule = d.rule
+		rd.err = ref
+		return rd
+	}
+	d.checked = checked
+	return d
+}
+
+func newDenialID() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// record is one decision-log line.
+type record struct {
+	start    time.Time
+	kind     string // http, connect, inner
+	client   string
+	method   string
+	host     string
+	port     uint16
+	path     string
+	status   int
+	verdict  allowlist.Verdict
+	reason   string
+	rule     string
+	denialID string
+	mode     string // connect: mitm, tunnel, healthcheck
+	connect  string // inner: the tunnel's CONNECT authority
+	asked    string // the host the client asked for, when it differs (fronting)
+	sni      string
+	up, down int64
+	err      error
+}
+
+func (r *record) apply(d decision) {
+	r.verdict, r.reason, r.rule = d.verdict, d.reason, d.rule
+	if d.err != nil {
+		r.err = d.err
+	}
+}
+
+func (r *record) setTarget(t egress.Target) {
+	r.host, r.port = t.Host(), t.Port
+}
+
+// finish writes the log line and counts the outcome.
+func (p *Proxy) finish(r *record) {
+	p.stats.requests.Add(1)
+	switch {
+	case r.verdict == allowlist.Allow && r.reason == policy.ReasonHealthcheck:
+		p.stats.healthchecks.Add(1)
+		p.stats.allowed.Add(1)
+	case r.verdict == allowlist.Allow:
+		p.stats.allowed.Add(1)
+	default:
+		p.countBlock(r.reason)
+	}
+	if r.status == http.StatusBadGateway || r.status == http.StatusGatewayTimeout {
+		p.stats.upstreamErrors.Add(1)
+	}
+	attrs := make([]slog.Attr, 0, 20)
+	attrs = append(attrs,
+		slog.String("kind", r.kind),
+		slog.String("client", r.client),
+		slog.String("method", r.method),
+		slog.String("host", r.host),
+		slog.Int("port", int(r.port)),
+		slog.String("path", r.path),
+		slog.Int("status", r.status),
+		slog.Int64("bytes_up", r.up),
+		slog.Int64("bytes_down", r.down),
+		slog.Float64("duration_ms", float64(time.Since(r.start).Microseconds())/1000),
+		slog.String("verdict", string(r.verdict)),
+		slog.String("reason", r.reason),
+	)
+	if r.rule != "" {
+		attrs = append(attrs, slog.String("rule", r.rule))
+	}
+	if r.denialID != "" {
+		attrs = append(attrs, slog.String("denial_id", r.denialID))
+	}
+	if r.mode != "" {
+		attrs = append(attrs, slog.String("mode", r.mode))
+	}
+	if r.connect != "" {
+		attrs = append(attrs, slog.String("connect", r.connect))
+	}
+	if r.asked != "" {
+		attrs = append(attrs, slog.String("asked_host", r.asked))
+	}
+	if r.sni != "" {
+		attrs = append(attrs, slog.String("sni", r.sni))
+	}
+	if r.err != nil {
+		attrs = append(attrs, slog.String("error", r.err.Error()))
+	}
+	p.dlog.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
+}
+
+// refuse answers a blocked request: a short text body naming the host and
+// the reason code, the same code in X-Abox-Reason, and a denial id that is
+// also in the log line.
+func (p *Proxy) refuse(w http.ResponseWriter, r *record, status int, reason string, closeConn bool) {
+	r.verdict, r.reason, r.status = allowlist.Block, reason, status
+	r.denialID = newDenialID()
+	h := w.Header()
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("X-Abox-Reason", reason)
+	h.Set("X-Abox-Denial-Id", r.denialID)
+	h.Set("Cache-Control", "no-store")
+	if closeConn {
+		h.Set("Connection", "close")
+	}
+	w.WriteHeader(status)
+	host := r.host
+	if host == "" {
+		host = "(none)"
+	}
+	what := "blocked"
+	if status == http.StatusBadGateway || status == http.StatusGatewayTimeout {
+		what = "upstream failure for"
+	} else if status == http.StatusBadRequest {
+		what = "bad request for"
+	}
+	fmt.Fprintf(w, "abox proxy: %s %s: %s (denial id %s)\n", what, host, reason, r.denialID)
+}
+
+const healthBody = "abox http filter: healthy\n"
+
+func serveHealth(w http.ResponseWriter, r *record) {
+	r.status = http.StatusOK
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Abox-Reason", policy.ReasonHealthcheck)
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	n, _ := w.Write([]byte(healthBody))
+	r.down += int64(n)
+}
+
+// pathOnly drops the query: it may hold tokens.
+func pathOnly(r *http.Request) string {
+	if r.URL == nil {
+		return ""
+	}
+	p := r.URL.EscapedPath()
+	if i := strings.IndexByte(p, '?'); i >= 0 {
+		p = p[:i]
+	}
+	return p
+}

@@ -1,0 +1,298 @@
+package httpfilter
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+	"time"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/egress"
+	"golang.org/x/net/http/httpguts"
+)
+
+// scope is what an intercepted connection was opened for.
+type scope struct {
+	connect     egress.Target
+	scheme      string // https for intercepted TLS, http for plain bytes in a tunnel
+	defaultPort uint16
+	sni         string
+}
+
+type scopeKey struct{}
+
+// fwdKey carries the checked target of one request to the transport's dialer.
+type fwdKey struct{}
+
+type fwdState struct {
+	checked     *egress.Checked
+	scheme      string
+	defaultPort uint16
+	rec         *record
+}
+
+// ServeHTTP handles the guest's connection to the proxy: absolute-form
+// plain HTTP and CONNECT; anything else is a 400 that says what to send.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rec := &record{start: time.Now(), kind: "http", client: r.RemoteAddr, method: r.Method}
+	switch {
+	case r.Method == http.MethodConnect:
+		rec.kind = "connect"
+		p.serveConnect(w, r, rec)
+		return
+	case r.URL.IsAbs() && r.URL.Scheme == "http":
+		rec.path = pathOnly(r)
+		if r.URL.User != nil {
+			p.refuse(w, rec, http.StatusBadRequest, ReasonUserinfo, true)
+			p.finish(rec)
+			return
+		}
+		t, err := egress.ParseAuthority(r.URL.Host, 80)
+		if err != nil {
+			rec.err = err
+			p.refuse(w, rec, http.StatusBadRequest, ReasonInvalidTarget, true)
+			p.finish(rec)
+			return
+		}
+		p.serveForward(w, r, rec, t, "http", 80)
+	case r.URL.IsAbs() && r.URL.Scheme == "https":
+		rec.host = r.URL.Hostname()
+		p.refuse(w, rec, http.StatusBadRequest, ReasonHTTPSInAbsolute, false)
+		p.finish(rec)
+	default:
+		rec.path = pathOnly(r)
+		rec.verdict, rec.reason, rec.status = allowlist.Block, ReasonNotProxyRequest, http.StatusBadRequest
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Abox-Reason", ReasonNotProxyRequest)
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, "abox proxy: this is a forward proxy: send absolute-form requests (GET http://host/path) or CONNECT host:port\n")
+		p.finish(rec)
+	}
+}
+
+// serveInner handles a request inside an intercepted tunnel. Its Host (or
+// :authority) must name the CONNECT target, and it is decided again.
+func (p *Proxy) serveInner(w http.ResponseWriter, r *http.Request) {
+	sc, _ := r.Context().Value(scopeKey{}).(*scope)
+	rec := &record{start: time.Now(), kind: "inner", client: r.RemoteAddr, method: r.Method, path: pathOnly(r)}
+	if sc == nil {
+		p.refuse(w, rec, http.StatusInternalServerError, "no_scope", true)
+		p.finish(rec)
+		return
+	}
+	rec.connect = sc.connect.Authority()
+	rec.sni = sc.sni
+	rec.setTarget(sc.connect)
+	if r.Method == http.MethodConnect {
+		p.refuse(w, rec, http.StatusForbidden, ReasonConnectInTunnel, true)
+		p.finish(rec)
+		return
+	}
+	t, err := egress.ParseAuthority(r.Host, sc.defaultPort)
+	if err != nil {
+		rec.asked = r.Host
+		rec.err = err
+		p.refuse(w, rec, http.StatusBadRequest, ReasonInvalidTarget, true)
+		p.finish(rec)
+		return
+	}
+	if !t.Same(sc.connect) {
+		rec.asked = t.Authority()
+		p.refuse(w, rec, http.StatusForbidden, ReasonDomainFronting, true)
+		p.finish(rec)
+		return
+	}
+	r.Header.Del("Host")
+	p.serveForward(w, r, rec, t, sc.scheme, sc.defaultPort)
+}
+
+// serveForward decides t and forwards r to exactly the checked address.
+func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record, t egress.Target, scheme string, defPort uint16) {
+	rec.setTarget(t)
+	if reason := upgradeRefusal(r.Header); reason != "" {
+		p.refuse(w, rec, http.StatusBadRequest, reason, true)
+		p.finish(rec)
+		return
+	}
+	d := p.decide(r.Context(), t)
+	rec.apply(d)
+	if d.healthcheck {
+		if r.Body != nil {
+			io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
+		}
+		serveHealth(w, rec)
+		p.finish(rec)
+		return
+	}
+	if d.verdict != allowlist.Allow {
+		p.refuse(w, rec, d.status, d.reason, false)
+		p.finish(rec)
+		return
+	}
+	st := &fwdState{checked: d.checked, scheme: scheme, defaultPort: defPort, rec: rec}
+	ctx := context.WithValue(r.Context(), fwdKey{}, st)
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &countingBody{ReadCloser: r.Body, n: &rec.up}
+	}
+	cw := &countingWriter{ResponseWriter: w, rec: rec, upgrade: r.Header.Get("Upgrade") != ""}
+	p.rp.ServeHTTP(cw, r.WithContext(ctx))
+	if rec.status == 0 {
+		rec.status = cw.status
+	}
+	p.finish(rec)
+}
+
+// upgradeRefusal allows WebSocket upgrades only; h2c would carry requests
+// the proxy never sees.
+func upgradeRefusal(h http.Header) string {
+	if h.Get("Http2-Settings") != "" {
+		return ReasonH2CUpgrade
+	}
+	if len(h["Upgrade"]) == 0 {
+		return ""
+	}
+	for _, v := range h["Upgrade"] {
+		for _, tok := range strings.Split(v, ",") {
+			tok = strings.ToLower(strings.TrimSpace(tok))
+			if strings.HasPrefix(tok, "h2c") {
+				return ReasonH2CUpgrade
+			}
+			if tok != "websocket" {
+				return ReasonUpgradeRefused
+			}
+		}
+	}
+	if !httpguts.HeaderValuesContainsToken(h["Connection"], "upgrade") {
+		return ReasonUpgradeRefused
+	}
+	return ""
+}
+
+// rewrite points the outgoing request at the checked target. ReverseProxy
+// has already removed the hop-by-hop headers, including Proxy-Authorization
+// and every name listed in Connection.
+func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
+	st := pr.In.Context().Value(fwdKey{}).(*fwdState)
+	t := st.checked.Target
+	pr.Out.URL.Scheme = st.scheme
+	pr.Out.URL.Host = t.Authority()
+	pr.Out.URL.User = nil
+	pr.Out.Host = t.HostHeader(st.defaultPort)
+	pr.Out.Header.Del("Proxy-Authorization")
+	pr.Out.Header.Del("Proxy-Connection")
+	pr.Out.Header.Del("Proxy-Authenticate")
+}
+
+var errUnchecked = errors.New("dialing upstream: no checked target for this request")
+
+// dialUpstream is the transport's only way out: it dials the addresses the
+// decision checked and refuses anything else, so the transport never
+// resolves a name on its own.
+func (p *Proxy) dialUpstream(ctx context.Context, network, addr string) (net.Conn, error) {
+	st, _ := ctx.Value(fwdKey{}).(*fwdState)
+	if st == nil || st.checked == nil {
+		return nil, errUnchecked
+	}
+	if addr != st.checked.Target.Authority() {
+		return nil, fmt.Errorf("dialing upstream: transport asked for %s, checked %s", addr, st.checked.Target.Authority())
+	}
+	c, err := p.guard.Dial(ctx, st.checked)
+	if err != nil {
+		return nil, err
+	}
+	return newIdleConn(c, p.cfg.IdleTimeout, nil), nil
+}
+
+// upstreamError maps a transport failure to 502 or 504 with a reason code;
+// the error text goes to the log only.
+func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	st, _ := r.Context().Value(fwdKey{}).(*fwdState)
+	rec := &record{}
+	if st != nil {
+		rec = st.rec
+	}
+	rec.err = err
+	status, reason := classifyUpstreamErr(err)
+	if r.Context().Err() != nil {
+		// The guest went away; nobody reads this answer.
+		rec.verdict, rec.reason, rec.status = allowlist.Allow, "client_gone", 499
+		return
+	}
+	p.refuse(w, rec, status, reason, false)
+	rec.verdict = allowlist.Allow // the policy allowed it; the upstream failed
+}
+
+func classifyUpstreamErr(err error) (int, string) {
+	var ne net.Error
+	var cve *tls.CertificateVerificationError
+	var ua x509.UnknownAuthorityError
+	var hn x509.HostnameError
+	var ci x509.CertificateInvalidError
+	var rh tls.RecordHeaderError
+	var op *net.OpError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return http.StatusGatewayTimeout, ReasonUpstreamTimeout
+	case errors.As(err, &cve), errors.As(err, &ua), errors.As(err, &hn), errors.As(err, &ci), errors.As(err, &rh):
+		return http.StatusBadGateway, ReasonUpstreamTLS
+	case errors.As(err, &op) && op.Op == "dial", strings.HasPrefix(err.Error(), "dialing "):
+		return http.StatusBadGateway, ReasonUpstreamConnect
+	}
+	return http.StatusBadGateway, ReasonUpstreamError
+}
+
+// countingBody counts request body bytes sent upstream.
+type countingBody struct {
+	io.ReadCloser
+	n *int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	*b.n += int64(n)
+	return n, err
+}
+
+// countingWriter counts response bytes and closes the client connection
+// after a refused upgrade, because the guard stops parsing a connection once
+// it has seen an Upgrade request.
+type countingWriter struct {
+	http.ResponseWriter
+	rec     *record
+	status  int
+	upgrade bool
+}
+
+func (w *countingWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+		if w.upgrade && code != http.StatusSwitchingProtocols {
+			w.Header().Set("Connection", "close")
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *countingWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.rec.down += int64(n)
+	return n, err
+}
+
+func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *countingWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}

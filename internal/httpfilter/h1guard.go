@@ -1,0 +1,282 @@
+package httpfilter
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+)
+
+// h1Guard validates every HTTP/1.x request header block that crosses a
+// connection before net/http parses it. net/http accepts obsolete line
+// folding and Content-Length together with Transfer-Encoding (it drops the
+// Content-Length); a filtering proxy refuses both, because two parsers that
+// disagree on framing are what request smuggling is made of.
+//
+// The guard follows the message framing (Content-Length or chunked bodies)
+// to find where the next request starts, and stops looking after a CONNECT
+// or an Upgrade request, when the connection stops carrying HTTP/1.
+type h1Guard struct {
+	net.Conn
+	maxHeader int
+
+	wmu      sync.Mutex // serialises Write with the guard's own refusal
+	rejected bool       // guarded by wmu
+
+	st       h1State
+	line     []byte
+	hdrBytes int
+	first    bool
+	method   []byte
+	clSeen   bool
+	clVal    []byte
+	teSeen   bool
+	upgrade  bool
+	remain   uint64 // body or chunk bytes still to skip
+	onReject func(reason string)
+}
+
+type h1State int
+
+const (
+	stHeader h1State = iota
+	stBody
+	stChunkSize
+	stChunkData
+	stChunkEnd
+	stTrailer
+	stPass
+)
+
+// guardReject is a refusal with the status to answer.
+type guardReject struct {
+	status int
+	reason string
+}
+
+func newH1Guard(c net.Conn, maxHeader int, onReject func(string)) *h1Guard {
+	return &h1Guard{Conn: c, maxHeader: maxHeader, first: true, onReject: onReject}
+}
+
+func (g *h1Guard) Read(p []byte) (int, error) {
+	n, err := g.Conn.Read(p)
+	if n > 0 && g.st != stPass {
+		if rej := g.scan(p[:n]); rej != nil {
+			g.refuse(rej)
+			// An OpError with Op "read" makes net/http drop the connection
+			// silently: the guard has already answered.
+			return 0, &net.OpError{Op: "read", Net: "tcp", Err: fmt.Errorf("request refused: %s", rej.reason)}
+		}
+	}
+	return n, err
+}
+
+func (g *h1Guard) Write(p []byte) (int, error) {
+	g.wmu.Lock()
+	defer g.wmu.Unlock()
+	if g.rejected {
+		return 0, net.ErrClosed
+	}
+	return g.Conn.Write(p)
+}
+
+func (g *h1Guard) refuse(r *guardReject) {
+	g.wmu.Lock()
+	defer g.wmu.Unlock()
+	if g.rejected {
+		return
+	}
+	g.rejected = true
+	body := fmt.Sprintf("abox proxy: malformed request refused: %s\n", r.reason)
+	fmt.Fprintf(g.Conn, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nX-Abox-Reason: %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s",
+		r.status, statusText(r.status), r.reason, len(body), body)
+	if g.onReject != nil {
+		g.onReject(r.reason)
+	}
+}
+
+func statusText(code int) string {
+	switch code {
+	case 431:
+		return "Request Header Fields Too Large"
+	case 501:
+		return "Not Implemented"
+	}
+	return "Bad Request"
+}
+
+const maxChunkLine = 4096
+
+func (g *h1Guard) scan(b []byte) *guardReject {
+	for len(b) > 0 {
+		switch g.st {
+		case stPass:
+			return nil
+		case stBody, stChunkData:
+			k := uint64(len(b))
+			if k > g.remain {
+				k = g.remain
+			}
+			b = b[k:]
+			g.remain -= k
+			if g.remain == 0 {
+				if g.st == stBody {
+					g.reset()
+				} else {
+					g.st = stChunkEnd
+				}
+			}
+		default:
+			i := bytes.IndexByte(b, '\n')
+			chunk := b
+			if i >= 0 {
+				chunk = b[:i]
+			}
+			limit := g.maxHeader
+			if g.st != stHeader {
+				limit = maxChunkLine
+			}
+			if len(g.line)+len(chunk) > limit || (g.st == stHeader && g.hdrBytes+len(g.line)+len(chunk) > g.maxHeader) {
+				if g.st == stHeader {
+					return &guardReject{431, "headers_too_large"}
+				}
+				return &guardReject{400, "invalid_chunk"}
+			}
+			g.line = append(g.line, chunk...)
+			if i < 0 {
+				return nil
+			}
+			b = b[i+1:]
+			line := g.line
+			g.line = g.line[:0]
+			if rej := g.endLine(line); rej != nil {
+				return rej
+			}
+		}
+	}
+	return nil
+}
+
+func (g *h1Guard) reset() {
+	g.st, g.first, g.hdrBytes = stHeader, true, 0
+	g.method, g.clSeen, g.clVal, g.teSeen, g.upgrade = g.method[:0], false, g.clVal[:0], false, false
+}
+
+// endLine handles one complete line (without its LF).
+func (g *h1Guard) endLine(line []byte) *guardReject {
+	line = bytes.TrimSuffix(line, []byte("\r"))
+	if bytes.IndexByte(line, '\r') >= 0 {
+		return &guardReject{400, "bare_cr"}
+	}
+	switch g.st {
+	case stHeader:
+		g.hdrBytes += len(line) + 2
+		if g.first {
+			if len(line) == 0 {
+				return nil // stray CRLF between requests (RFC 9112 2.2)
+			}
+			g.first = false
+			m, _, _ := bytes.Cut(line, []byte(" "))
+			g.method = append(g.method[:0], m...)
+			return nil
+		}
+		if len(line) == 0 {
+			return g.endHeaders()
+		}
+		return g.headerLine(line)
+	case stChunkSize:
+		sz := line
+		if i := bytes.IndexByte(sz, ';'); i >= 0 {
+			sz = sz[:i]
+		}
+		sz = bytes.TrimRight(sz, " \t")
+		if len(sz) == 0 || len(sz) > 15 {
+			return &guardReject{400, "invalid_chunk"}
+		}
+		n, err := strconv.ParseUint(string(sz), 16, 64)
+		if err != nil {
+			return &guardReject{400, "invalid_chunk"}
+		}
+		if n == 0 {
+			g.st = stTrailer
+			return nil
+		}
+		g.st, g.remain = stChunkData, n
+	case stChunkEnd:
+		if len(line) != 0 {
+			return &guardReject{400, "invalid_chunk"}
+		}
+		g.st = stChunkSize
+	case stTrailer:
+		if len(line) == 0 {
+			g.reset()
+			return nil
+		}
+		if line[0] == ' ' || line[0] == '\t' {
+			return &guardReject{400, "obs_fold"}
+		}
+	}
+	return nil
+}
+
+func (g *h1Guard) headerLine(line []byte) *guardReject {
+	if line[0] == ' ' || line[0] == '\t' {
+		return &guardReject{400, "obs_fold"}
+	}
+	name, val, ok := bytes.Cut(line, []byte(":"))
+	if !ok || len(name) == 0 {
+		return &guardReject{400, "invalid_header"}
+	}
+	for _, c := range name {
+		if c <= ' ' || c >= 0x7f {
+			return &guardReject{400, "invalid_header"}
+		}
+	}
+	val = bytes.Trim(val, " \t")
+	switch {
+	case bytes.EqualFold(name, []byte("Content-Length")):
+		if len(val) == 0 || len(val) > 18 {
+			return &guardReject{400, "invalid_content_length"}
+		}
+		for _, c := range val {
+			if c < '0' || c > '9' {
+				return &guardReject{400, "invalid_content_length"}
+			}
+		}
+		if g.clSeen && !bytes.Equal(val, g.clVal) {
+			return &guardReject{400, "conflicting_content_length"}
+		}
+		g.clSeen, g.clVal = true, append(g.clVal[:0], val...)
+	case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+		if g.teSeen || !bytes.EqualFold(val, []byte("chunked")) {
+			return &guardReject{501, "unsupported_transfer_encoding"}
+		}
+		g.teSeen = true
+	case bytes.EqualFold(name, []byte("Upgrade")):
+		g.upgrade = true
+	}
+	return nil
+}
+
+func (g *h1Guard) endHeaders() *guardReject {
+	if g.clSeen && g.teSeen {
+		return &guardReject{400, "content_length_with_transfer_encoding"}
+	}
+	switch {
+	case bytes.Equal(g.method, []byte("CONNECT")) || g.upgrade:
+		g.st = stPass
+	case g.teSeen:
+		g.st = stChunkSize
+	case g.clSeen:
+		n, _ := strconv.ParseUint(string(g.clVal), 10, 64)
+		if n == 0 {
+			g.reset()
+			return nil
+		}
+		g.st, g.remain = stBody, n
+	default:
+		g.reset()
+	}
+	return nil
+}

@@ -1,0 +1,431 @@
+// Package httpfilter is the per-instance HTTP/HTTPS filtering proxy: an
+// explicit forward proxy for absolute-form HTTP and CONNECT that intercepts
+// TLS with the instance CA, applies the allowlist to every request, and
+// reaches only addresses the egress guard has checked.
+package httpfilter
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/ca"
+	"github.com/abox-dev/abox/internal/egress"
+	"github.com/abox-dev/abox/internal/netclass"
+	"github.com/abox-dev/abox/internal/policy"
+)
+
+// Config configures a Proxy. Durations of 0 take the documented default.
+type Config struct {
+	// Listener is bound by the caller (daemon readiness means "bound").
+	Listener net.Listener
+	// Policy decides names (healthcheck, allowlist, passive mode).
+	Policy *policy.Engine
+	// Resolver resolves allowlisted names once per decision.
+	Resolver egress.Resolver
+	// Addresses classifies destination addresses: permitted ranges
+	// (--allow-private) and the host's own addresses.
+	Addresses *netclass.Policy
+	// Dialer opens upstream connections; nil means a net.Dialer.
+	Dialer egress.Dialer
+	// Ports are the destination ports allowed; empty means 80 and 443.
+	Ports []uint16
+	// CA mints interception certificates. Required: even with NoMITM the
+	// healthcheck is answered over TLS by the proxy itself.
+	CA *ca.CA
+	// NoMITM tunnels every CONNECT after checking the ClientHello's SNI.
+	NoMITM bool
+	// MITMExceptions are names tunnelled instead of intercepted.
+	MITMExceptions []string
+	// UpstreamRoots verify upstream servers; nil means the system roots.
+	UpstreamRoots *x509.CertPool
+	// KeyLogPath is where SetKeyLog(true) writes NSS key log lines.
+	KeyLogPath string
+	// DecisionLog receives one JSON line per request or tunnel; nil discards.
+	DecisionLog *slog.Logger
+	// Logger receives diagnostics; nil discards.
+	Logger *slog.Logger
+	// MaxConns caps concurrent client connections; 0 means 1024.
+	MaxConns int
+	// IdleTimeout closes a connection (either side) on which no byte moved
+	// for this long; there is no overall deadline. 0 means 10 minutes.
+	IdleTimeout time.Duration
+	// HandshakeTimeout bounds reading a request header, a ClientHello and
+	// TLS handshakes on both sides; 0 means 30s.
+	HandshakeTimeout time.Duration
+	// DialTimeout bounds each upstream connection attempt; 0 means 10s.
+	DialTimeout time.Duration
+	// ResponseHeaderTimeout bounds waiting for an upstream response header;
+	// 0 means 5 minutes (slow APIs think before they answer).
+	ResponseHeaderTimeout time.Duration
+	// MaxHeaderBytes bounds a request header block; 0 means 64 KiB.
+	MaxHeaderBytes int
+	// ShutdownTimeout bounds a graceful shutdown; 0 means 5s.
+	ShutdownTimeout time.Duration
+}
+
+// Proxy is the filtering proxy. Create it with New and run it with Serve.
+type Proxy struct {
+	cfg        Config
+	guard      *egress.Guard
+	ports      map[uint16]bool
+	exceptions map[string]bool
+	dlog       *slog.Logger
+	log        *slog.Logger
+
+	transport *http.Transport
+	rp        *httputil.ReverseProxy
+	h2        *http2.Server
+	inner     *http.Server // serves intercepted HTTP/1.1 connections
+	innerLn   *chanListener
+	keylog    *keyLog
+
+	stats stats
+
+	connsMu sync.Mutex
+	conns   map[*idleConn]struct{} // every open client connection, for shutdown
+}
+
+// Reason codes of the proxy besides those of allowlist, policy, egress and
+// the address classes.
+const (
+	ReasonPortNotAllowed  = "port_not_allowed"
+	ReasonInvalidTarget   = "invalid_target"
+	ReasonNotProxyRequest = "not_proxy_request"
+	ReasonDomainFronting  = "domain_fronting"
+	ReasonSNIMismatch     = "sni_mismatch"
+	ReasonSNIMissing      = "sni_missing"
+	ReasonNotTLS          = "not_tls"
+	ReasonConnectInTunnel = "connect_in_tunnel"
+	ReasonH2CUpgrade      = "h2c_upgrade"
+	ReasonUpgradeRefused  = "upgrade_not_supported"
+	ReasonTooManyConns    = "too_many_connections"
+	ReasonUpstreamConnect = "upstream_connect_failed"
+	ReasonUpstreamTLS     = "upstream_tls_failed"
+	ReasonUpstreamTimeout = "upstream_timeout"
+	ReasonUpstreamError   = "upstream_error"
+	ReasonClientHandshake = "client_tls_failed"
+	ReasonUserinfo        = "userinfo_in_target"
+	ReasonHTTPSInAbsolute = "https_needs_connect"
+)
+
+// New validates cfg and builds a proxy; nothing is served until Serve.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Listener == nil {
+		return nil, errors.New("creating http filter: no listener")
+	}
+	if cfg.Policy == nil {
+		return nil, errors.New("creating http filter: no policy")
+	}
+	if cfg.CA == nil {
+		return nil, errors.New("creating http filter: no certificate authority")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.IdleTimeout, 10*time.Minute)
+	def(&cfg.HandshakeTimeout, 30*time.Second)
+	def(&cfg.DialTimeout, 10*time.Second)
+	def(&cfg.ResponseHeaderTimeout, 5*time.Minute)
+	def(&cfg.ShutdownTimeout, 5*time.Second)
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = 1024
+	}
+	if cfg.MaxHeaderBytes <= 0 {
+		cfg.MaxHeaderBytes = 64 << 10
+	}
+	if len(cfg.Ports) == 0 {
+		cfg.Ports = []uint16{80, 443}
+	}
+	p := &Proxy{
+		cfg:        cfg,
+		guard:      &egress.Guard{Resolver: cfg.Resolver, Policy: cfg.Addresses, Dialer: cfg.Dialer, DialTimeout: cfg.DialTimeout},
+		ports:      map[uint16]bool{},
+		exceptions: map[string]bool{},
+		dlog:       cfg.DecisionLog,
+		log:        cfg.Logger,
+		keylog:     &keyLog{path: cfg.KeyLogPath},
+		conns:      map[*idleConn]struct{}{},
+	}
+	p.stats.blocked = map[string]uint64{}
+	if p.dlog == nil {
+		p.dlog = slog.New(slog.DiscardHandler)
+	}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	for _, port := range cfg.Ports {
+		p.ports[port] = true
+	}
+	for _, h := range cfg.MITMExceptions {
+		t, err := egress.ParseHost(h)
+		if err != nil {
+			return nil, fmt.Errorf("creating http filter: mitm exception %q: %w", h, err)
+		}
+		p.exceptions[t.Host()] = true
+	}
+	roots := cfg.UpstreamRoots
+	if roots == nil {
+		sys, err := x509.SystemCertPool()
+		if err != nil {
+			return nil, fmt.Errorf("creating http filter: loading system roots: %w", err)
+		}
+		roots = sys
+	}
+	p.transport = &http.Transport{
+		Proxy:                  nil,
+		DialContext:            p.dialUpstream,
+		TLSClientConfig:        &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12},
+		ForceAttemptHTTP2:      true,
+		TLSHandshakeTimeout:    cfg.HandshakeTimeout,
+		ResponseHeaderTimeout:  cfg.ResponseHeaderTimeout,
+		ExpectContinueTimeout:  time.Second,
+		IdleConnTimeout:        90 * time.Second,
+		MaxIdleConns:           512,
+		MaxIdleConnsPerHost:    64,
+		MaxResponseHeaderBytes: 1 << 20,
+		// The guest chose its encodings; transparent decompression would
+		// change the bytes it receives.
+		DisableCompression: true,
+	}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite:       p.rewrite,
+		Transport:     p.transport,
+		FlushInterval: -1, // stream everything as it arrives (SSE, long polls)
+		ErrorHandler:  p.upstreamError,
+		ErrorLog:      log.New(io.Discard, "", 0),
+		BufferPool:    bufferPool{},
+	}
+	p.h2 = &http2.Server{IdleTimeout: cfg.IdleTimeout, MaxConcurrentStreams: 250}
+	p.innerLn = newChanListener(cfg.Listener.Addr())
+	p.inner = &http.Server{
+		Handler:           http.HandlerFunc(p.serveInner),
+		ReadHeaderTimeout: cfg.HandshakeTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		ErrorLog:          log.New(io.Discard, "", 0),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if ic, ok := c.(*innerConn); ok {
+				return context.WithValue(ctx, scopeKey{}, ic.sc)
+			}
+			return ctx
+		},
+	}
+	return p, nil
+}
+
+// Name implements daemon.Service.
+func (p *Proxy) Name() string { return "http" }
+
+// Addr is the listening address.
+func (p *Proxy) Addr() net.Addr { return p.cfg.Listener.Addr() }
+
+// Serve runs the proxy until ctx ends, then shuts down within
+// ShutdownTimeout, closing tunnels that are still open.
+func (p *Proxy) Serve(ctx context.Context) error {
+	outer := &http.Server{
+		Handler:           p,
+		ReadHeaderTimeout: p.cfg.HandshakeTimeout,
+		IdleTimeout:       p.cfg.IdleTimeout,
+		MaxHeaderBytes:    p.cfg.MaxHeaderBytes,
+		ErrorLog:          log.New(io.Discard, "", 0),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	ln := &limitListener{Listener: p.cfg.Listener, p: p, sem: make(chan struct{}, p.cfg.MaxConns)}
+	errc := make(chan error, 2)
+	go func() { errc <- p.inner.Serve(p.innerLn) }()
+	go func() { errc <- outer.Serve(ln) }()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			p.shutdown(outer)
+			return fmt.Errorf("serving http filter: %w", err)
+		}
+	case <-ctx.Done():
+	}
+	p.shutdown(outer)
+	return nil
+}
+
+func (p *Proxy) shutdown(outer *http.Server) {
+	sctx, cancel := context.WithTimeout(context.Background(), p.cfg.ShutdownTimeout)
+	defer cancel()
+	p.innerLn.Close()
+	outer.Shutdown(sctx)
+	p.inner.Shutdown(sctx)
+	// Hijacked tunnels are invisible to Shutdown.
+	p.connsMu.Lock()
+	for c := range p.conns {
+		c.Close()
+	}
+	p.connsMu.Unlock()
+	p.transport.CloseIdleConnections()
+	p.keylog.set(false)
+}
+
+// track wraps an accepted connection: idle timeout, byte counts, and
+// registration for shutdown. release frees the connection slot.
+func (p *Proxy) track(c net.Conn, release func()) net.Conn {
+	p.stats.connsOpen.Add(1)
+	var ic *idleConn
+	ic = newIdleConn(c, p.cfg.IdleTimeout, func() {
+		p.connsMu.Lock()
+		delete(p.conns, ic)
+		p.connsMu.Unlock()
+		p.stats.connsOpen.Add(-1)
+		p.stats.bytesFromClients.Add(uint64(ic.rx.Load()))
+		p.stats.bytesToClients.Add(uint64(ic.tx.Load()))
+		release()
+	})
+	p.connsMu.Lock()
+	p.conns[ic] = struct{}{}
+	p.connsMu.Unlock()
+	return newH1Guard(ic, p.cfg.MaxHeaderBytes, func(reason string) {
+		p.countBlock(reason)
+		p.dlog.LogAttrs(context.Background(), slog.LevelInfo, "request",
+			slog.String("client", c.RemoteAddr().String()), slog.Int("status", 400),
+			slog.String("verdict", string(allowlist.Block)), slog.String("reason", reason))
+	})
+}
+
+type bufferPool struct{}
+
+func (bufferPool) Get() []byte  { return *copyBufs.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { copyBufs.Put(&b) }
+
+// keyLog is the switchable NSS key log shared by every interception.
+type keyLog struct {
+	mu   sync.Mutex
+	path string
+	f    io.WriteCloser // nil when off
+}
+
+func (k *keyLog) Write(b []byte) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.f == nil {
+		return len(b), nil
+	}
+	return k.f.Write(b)
+}
+
+func (k *keyLog) set(on bool) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !on {
+		if k.f == nil {
+			return nil
+		}
+		err := k.f.Close()
+		k.f = nil
+		return err
+	}
+	if k.f != nil {
+		return nil
+	}
+	if k.path == "" {
+		return errors.New("enabling key log: no key log path configured")
+	}
+	f, err := openKeyLog(k.path)
+	if err != nil {
+		return err
+	}
+	k.f = f
+	return nil
+}
+
+// SetKeyLog switches the TLS key log of intercepted client sessions on or
+// off (api.KeyLogger).
+func (p *Proxy) SetKeyLog(on bool) error { return p.keylog.set(on) }
+
+// KeyLogPath is where the key log is written.
+func (p *Proxy) KeyLogPath() string { return p.cfg.KeyLogPath }
+
+// KeyLogEnabled reports whether key logging is on.
+func (p *Proxy) KeyLogEnabled() bool {
+	p.keylog.mu.Lock()
+	defer p.keylog.mu.Unlock()
+	return p.keylog.f != nil
+}
+
+// stats holds the counters behind Stats.
+type stats struct {
+	requests, allowed, healthchecks, upstreamErrors atomic.Uint64
+	tunnels, intercepted, connsRefused              atomic.Uint64
+	bytesFromClients, bytesToClients                atomic.Uint64
+	tunnelsOpen, connsOpen                          atomic.Int64
+	mu                                              sync.Mutex
+	blocked                                         map[string]uint64
+}
+
+// Stats is the JSON snapshot served by the local API (abox http status).
+type Stats struct {
+	Requests        uint64            `json:"requests"`
+	Allowed         uint64            `json:"allowed"`
+	Blocked         uint64            `json:"blocked"`
+	BlockedByReason map[string]uint64 `json:"blocked_by_reason"`
+	Healthchecks    uint64            `json:"healthchecks"`
+	UpstreamErrors  uint64            `json:"upstream_errors"`
+	Tunnels         uint64            `json:"tunnels"`
+	Intercepted     uint64            `json:"intercepted"`
+	TunnelsOpen     int64             `json:"tunnels_open"`
+	ConnsOpen       int64             `json:"connections_open"`
+	ConnsRefused    uint64            `json:"connections_refused"`
+	MaxConns        int               `json:"connections_max"`
+	BytesFromGuest  uint64            `json:"bytes_from_guest"`
+	BytesToGuest    uint64            `json:"bytes_to_guest"`
+	KeyLog          bool              `json:"keylog"`
+	CertsCached     int               `json:"certs_cached"`
+	Listen          string            `json:"listen"`
+}
+
+// Stats implements api.Component. Byte counts include closed connections only.
+func (p *Proxy) Stats() any {
+	s := Stats{
+		Requests:       p.stats.requests.Load(),
+		Allowed:        p.stats.allowed.Load(),
+		Healthchecks:   p.stats.healthchecks.Load(),
+		UpstreamErrors: p.stats.upstreamErrors.Load(),
+		Tunnels:        p.stats.tunnels.Load(),
+		Intercepted:    p.stats.intercepted.Load(),
+		TunnelsOpen:    p.stats.tunnelsOpen.Load(),
+		ConnsOpen:      p.stats.connsOpen.Load(),
+		ConnsRefused:   p.stats.connsRefused.Load(),
+		MaxConns:       p.cfg.MaxConns,
+		BytesFromGuest: p.stats.bytesFromClients.Load(),
+		BytesToGuest:   p.stats.bytesToClients.Load(),
+		KeyLog:         p.KeyLogEnabled(),
+		CertsCached:    p.cfg.CA.CachedLeaves(),
+		Listen:         p.Addr().String(),
+	}
+	p.stats.mu.Lock()
+	s.BlockedByReason = make(map[string]uint64, len(p.stats.blocked))
+	for k, v := range p.stats.blocked {
+		s.BlockedByReason[k] = v
+		s.Blocked += v
+	}
+	p.stats.mu.Unlock()
+	return s
+}
+
+func (p *Proxy) countBlock(reason string) {
+	p.stats.mu.Lock()
+	p.stats.blocked[reason]++
+	p.stats.mu.Unlock()
+}
