@@ -110,20 +110,6 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonOpcode, rcode
 		return refusal(req, rcode, dns.ExtendedErrorCodeNotSupported, ReasonOpcode), d
 	}
-	opt, ok := queryOPT(req)
-	if len(req.Answer) > 0 || len(req.Ns) > 0 || !ok {
-		s.st.formerr.Add(1)
-		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonMalformed, dns.RcodeFormatError
-		return formerr(req), d
-	}
-	if opt != nil && opt.Version() != 0 {
-		s.st.formerr.Add(1)
-		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonEDNSVersion, dns.RcodeBadVers
-		m := new(dns.Msg)
-		m.SetRcode(req, dns.RcodeBadVers)
-		m.SetEdns0(MaxUDPSize, false)
-		return m, d
-	}
 	q := req.Question[0]
 	if q.Qclass != dns.ClassINET {
 		s.st.refused.Add(1)
@@ -141,6 +127,20 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 		return refusal(req, dns.RcodeRefused, dns.ExtendedErrorCodeNotSupported, ReasonQtype), d
 	}
 
+	opt, ok := queryOPT(req)
+	if len(req.Answer) > 0 || len(req.Ns) > 0 || !ok {
+		s.st.formerr.Add(1)
+		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonMalformed, dns.RcodeFormatError
+		return formerr(req), d
+	}
+	if opt != nil && opt.Version() != 0 {
+		s.st.formerr.Add(1)
+		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonEDNSVersion, dns.RcodeBadVers
+		m := new(dns.Msg)
+		m.SetRcode(req, dns.RcodeBadVers)
+		m.SetEdns0(MaxUDPSize, false)
+		return m, d
+	}
 	// The name.
 	n, err := allowlist.NormalizeName(q.Name)
 	if err != nil {

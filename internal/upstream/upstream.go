@@ -45,7 +45,6 @@ type Client struct {
 	servers []string
 	timeout time.Duration
 	udpSize uint16
-	udp     *dns.Client
 	tcp     *dns.Client
 }
 
@@ -75,9 +74,6 @@ func New(cfg Config) (*Client, error) {
 	if c.udpSize == 0 {
 		c.udpSize = DefaultUDPSize
 	}
-	// UDPSize on the dns.Client sizes the read buffer when a query carries no
-	// OPT record; an upstream may still send up to what we advertised.
-	c.udp = &dns.Client{Net: "udp", UDPSize: dns.MaxMsgSize, Timeout: c.timeout}
 	c.tcp = &dns.Client{Net: "tcp", Timeout: c.timeout}
 	return c, nil
 }
@@ -160,7 +156,7 @@ func (c *Client) try(ctx context.Context, m *dns.Msg, srv string) (*dns.Msg, tim
 	defer cancel()
 	q := m.Copy()
 	start := time.Now()
-	r, _, err := c.udp.ExchangeContext(ctx, q, srv)
+	r, err := c.udpExchange(ctx, q, srv)
 	if err == nil && r.Truncated {
 		r, _, err = c.tcp.ExchangeContext(ctx, q, srv)
 	}
@@ -172,6 +168,49 @@ func (c *Client) try(ctx context.Context, m *dns.Msg, srv string) (*dns.Msg, tim
 		return nil, rtt, err
 	}
 	return r, rtt, nil
+}
+
+// udpExchange sends q over a fresh connected UDP socket (a random source
+// port per query) and reads the answer into a full-size buffer: a server
+// that answers above the size we advertised is read whole, not cut short.
+// Datagrams with another ID are ignored, as stale answers may arrive.
+func (c *Client) udpExchange(ctx context.Context, q *dns.Msg, srv string) (*dns.Msg, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "udp", srv)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	b, err := q.Pack()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.Write(b); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, dns.MaxMsgSize)
+	for {
+		n, err := conn.Read(buf)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, err
+		}
+		if n < 12 || buf[0] != b[0] || buf[1] != b[1] {
+			continue
+		}
+		r := new(dns.Msg)
+		if err := r.Unpack(buf[:n]); err != nil {
+			return nil, err
+		}
+		return r, nil
+	}
 }
 
 // sameQuestion rejects an answer to another question: miekg/dns checks the

@@ -3,6 +3,7 @@ package upstream_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -114,6 +115,26 @@ func TestExchange(t *testing.T) {
 		}
 		if r.Truncated || len(r.Answer) != 1 || !slices.Equal(nets, []string{"udp", "tcp"}) {
 			t.Fatalf("got TC=%v answers=%d transports=%v, want full answer via udp then tcp", r.Truncated, len(r.Answer), nets)
+		}
+	})
+	t.Run("answer above the advertised size retried over TCP", func(t *testing.T) {
+		f := fakedns.StartT(t).Handle("big.example.com", func(req *dns.Msg) *dns.Msg {
+			m := new(dns.Msg).SetReply(req)
+			for i := range 100 {
+				rr, _ := dns.NewRR(fmt.Sprintf("big.example.com. 60 IN A 93.184.1.%d", i+1))
+				m.Answer = append(m.Answer, rr)
+			}
+			return m
+		})
+		c := newClient(t, time.Second, f.Addr)
+		m := new(dns.Msg).SetQuestion("big.example.com.", dns.TypeA)
+		m.SetEdns0(1232, false)
+		r, _, err := c.Exchange(ctx, m)
+		if err != nil {
+			t.Fatalf("Exchange: %v", err)
+		}
+		if len(r.Answer) != 100 {
+			t.Fatalf("got %d answers, want 100 (over TCP)", len(r.Answer))
 		}
 	})
 	t.Run("answer to another question is refused", func(t *testing.T) {

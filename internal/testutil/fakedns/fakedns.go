@@ -283,6 +283,14 @@ func (s *Server) handlerFor(network string) dns.HandlerFunc {
 			resp.Answer, resp.Ns, resp.Extra = nil, nil, nil
 			resp.Truncated = true
 		}
+		if network == "udp" && h == nil {
+			// Like a real server: fit the requester's UDP size, setting TC.
+			size := dns.MinMsgSize
+			if opt := req.IsEdns0(); opt != nil {
+				size = int(opt.UDPSize())
+			}
+			resp.Truncate(size)
+		}
 		w.WriteMsg(resp)
 	}
 }
