@@ -271,10 +271,14 @@ func (p *Proxy) shutdown(outer *http.Server) {
 	p.inner.Shutdown(sctx)
 	// Hijacked tunnels are invisible to Shutdown.
 	p.connsMu.Lock()
+	open := make([]*idleConn, 0, len(p.conns))
 	for c := range p.conns {
-		c.Close()
+		open = append(open, c)
 	}
 	p.connsMu.Unlock()
+	for _, c := range open {
+		c.Close()
+	}
 	p.transport.CloseIdleConnections()
 	p.keylog.set(false)
 }
