@@ -87,8 +87,8 @@ var zone = []string{
 
 // extraRecords are additional-section records the fake upstream adds.
 var extraRecords = map[string][]string{
-	"glue.example.com":  {"mx.example.net. 60 IN A 127.0.0.1"},
-	"example.com":       {"mail.example.com. 60 IN A 93.184.215.20"},
+	"glue.example.com":      {"mx.example.net. 60 IN A 127.0.0.1"},
+	"example.com":           {"mail.example.com. 60 IN A 93.184.215.20"},
 	"_sip._tcp.example.com": {"sip.example.com. 60 IN A 93.184.215.21"},
 }
 
@@ -206,6 +206,9 @@ func start(t *testing.T, o harnessOptions) *harness {
 		n = 2
 		go func() { done <- pol.Watch(ctx) }()
 	}
+	if o.watch {
+		waitWatching(t, pol, h.allow, o.allowlist)
+	}
 	t.Cleanup(func() {
 		cancel()
 		for range n {
@@ -301,3 +304,25 @@ func addrs(r *dns.Msg) []string {
 }
 
 func rcode(r *dns.Msg) string { return dns.RcodeToString[r.Rcode] }
+
+// waitWatching returns once the policy's file watch is live: Watch has no
+// readiness signal, so rewrite the file (same content) until a reload shows.
+func waitWatching(t *testing.T, pol *policy.Engine, path, content string) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for pol.Status().Reloads == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("allowlist watch did not start within 3s")
+		}
+		if err := os.WriteFile(path+".tmp", []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			t.Fatal(err)
+		}
+		// Longer than the watch's debounce, or each write would postpone the reload.
+		for i := 0; i < 20 && pol.Status().Reloads == 0; i++ {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
