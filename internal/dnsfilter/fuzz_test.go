@@ -1,0 +1,186 @@
+package dnsfilter_test
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/miekg/dns"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/dnsfilter"
+	"github.com/abox-dev/abox/internal/netclass"
+	"github.com/abox-dev/abox/internal/policy"
+)
+
+func FuzzNormalizeName(f *testing.F) {
+	for _, s := range []string{"example.com", "Example.COM.", "bücher.de", "xn--bcher-kva.de", "a..b", "_dmarc.example.com", "-a.com", strings.Repeat("a.", 130), "ＥＸＡＭＰＬＥ.com", "exa\x00mple.com"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		n, err := allowlist.NormalizeName(in)
+		if err != nil {
+			return
+		}
+		if len(n) == 0 || len(n) > 253 {
+			t.Fatalf("NormalizeName(%q) = %q: length %d outside 1..253", in, n, len(n))
+		}
+		for i := 0; i < len(n); i++ {
+			c := n[i]
+			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+				t.Fatalf("NormalizeName(%q) = %q: byte %q is not lowercase hostname ASCII", in, n, c)
+			}
+		}
+		if strings.HasSuffix(n, ".") || strings.Contains(n, "..") {
+			t.Fatalf("NormalizeName(%q) = %q: empty label or trailing dot", in, n)
+		}
+		again, err := allowlist.NormalizeName(n)
+		if err != nil || again != n {
+			t.Fatalf("NormalizeName not idempotent: %q -> %q -> %q, %v", in, n, again, err)
+		}
+		if !utf8.ValidString(n) {
+			t.Fatalf("NormalizeName(%q) = %q: invalid UTF-8", in, n)
+		}
+	})
+}
+
+// recorder is an in-process upstream for fuzzing: it records every query
+// and answers with a public address, or a private one for names holding
+// "private", so that the address check is exercised too.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []*dns.Msg
+}
+
+func (r *recorder) Exchange(_ context.Context, m *dns.Msg) (*dns.Msg, time.Duration, error) {
+	r.mu.Lock()
+	r.msgs = append(r.msgs, m.Copy())
+	r.mu.Unlock()
+	resp := new(dns.Msg)
+	resp.SetReply(m)
+	q := m.Question[0]
+	ip := "93.184.215.14"
+	if strings.Contains(q.Name, "private") {
+		ip = "10.0.0.1"
+	}
+	rr, _ := dns.NewRR(q.Name + " 60 IN A " + ip)
+	resp.Answer = []dns.RR{rr}
+	hint, _ := dns.NewRR(q.Name + " 60 IN HTTPS 1 . ipv4hint=" + ip)
+	resp.Extra = []dns.RR{hint}
+	return resp, time.Millisecond, nil
+}
+
+func (r *recorder) take() []*dns.Msg {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.msgs
+	r.msgs = nil
+	return out
+}
+
+func newFuzzServer(f testing.TB) (*dnsfilter.Server, *recorder, *policy.Engine) {
+	path := filepath.Join(f.TempDir(), "allowlist.txt")
+	if err := os.WriteFile(path, []byte("example.com\n*.example.com\n"), 0o644); err != nil {
+		f.Fatal(err)
+	}
+	pol, err := policy.New(policy.Config{AllowlistPath: path})
+	if err != nil {
+		f.Fatal(err)
+	}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { pc.Close() })
+	rec := &recorder{}
+	srv, err := dnsfilter.New(dnsfilter.Config{PacketConn: pc, Policy: pol, Upstream: rec, RateLimit: -1, CacheSize: 100})
+	if err != nil {
+		f.Fatal(err)
+	}
+	return srv, rec, pol
+}
+
+func FuzzHandleQuery(f *testing.F) {
+	seeds := []*dns.Msg{
+		query("example.com", dns.TypeA, 1232),
+		query("other.org", dns.TypeAAAA, 0),
+		query("private.example.com", dns.TypeA, 4096),
+		query("healthcheck.abox.local", dns.TypeA, 0),
+		query("1.0.0.10.in-addr.arpa", dns.TypePTR, 0),
+		query("example.com", dns.TypeAXFR, 0),
+	}
+	two := query("example.com", dns.TypeA, 0)
+	two.Question = append(two.Question, dns.Question{Name: "evil.test.", Qtype: dns.TypeA, Qclass: dns.ClassINET})
+	upd := new(dns.Msg).SetUpdate("example.com.")
+	seeds = append(seeds, two, upd)
+	for _, m := range seeds {
+		b, err := m.Pack()
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, false)
+	}
+	srv, rec, pol := newFuzzServer(f)
+	client := netip.MustParseAddr("192.0.2.10")
+	f.Fuzz(func(t *testing.T, wire []byte, tcp bool) {
+		req := new(dns.Msg)
+		if err := req.Unpack(wire); err != nil {
+			return // the server answers FORMERR before the handler runs
+		}
+		network := "udp"
+		if tcp {
+			network = "tcp"
+		}
+		resp := srv.Handle(context.Background(), client, network, req)
+		forwarded := rec.take()
+		if req.Response {
+			if resp != nil {
+				t.Fatalf("answered a response")
+			}
+			return
+		}
+		if resp == nil {
+			t.Fatalf("no answer to a query")
+		}
+		if len(resp.Question) > 1 || (len(resp.Question) == 0 && resp.Rcode != dns.RcodeFormatError) {
+			t.Fatalf("response has %d questions with rcode %s", len(resp.Question), dns.RcodeToString[resp.Rcode])
+		}
+		b, err := resp.Pack()
+		if err != nil {
+			t.Fatalf("response does not pack: %v", err)
+		}
+		if !tcp && len(b) > dnsfilter.MaxUDPSize {
+			t.Fatalf("UDP response of %d bytes", len(b))
+		}
+		for _, m := range forwarded {
+			if len(m.Question) != 1 || len(m.Answer)+len(m.Ns) != 0 || len(m.Extra) != 1 {
+				t.Fatalf("forwarded a message we did not build: %v", m)
+			}
+			if opt := m.IsEdns0(); opt == nil || len(opt.Option) != 0 {
+				t.Fatalf("forwarded client EDNS options: %v", m)
+			}
+			if d := pol.Decide(m.Question[0].Name); d.Verdict != allowlist.Allow {
+				t.Fatalf("forwarded %s, which the policy blocks (%s)", m.Question[0].Name, d.Reason)
+			}
+		}
+		for _, sec := range [][]dns.RR{resp.Answer, resp.Extra} {
+			for _, rr := range sec {
+				a, ok := rr.(*dns.A)
+				if !ok {
+					continue
+				}
+				ip, _ := netip.AddrFromSlice(a.A)
+				if c := netclass.Classify(ip.Unmap()); c != netclass.Public && !strings.EqualFold(a.Hdr.Name, policy.HealthcheckName+".") {
+					t.Fatalf("answered %s with %s address %s", a.Hdr.Name, c, ip)
+				}
+			}
+		}
+	})
+}
