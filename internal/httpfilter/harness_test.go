@@ -108,6 +108,8 @@ type hopts struct {
 	ports      []uint16
 	maxConns   int
 	idle       time.Duration
+	handshake  time.Duration
+	respHeader time.Duration
 	permit     []string
 	hostAddrs  []string
 	dialer     *recordingDialer
@@ -188,6 +190,10 @@ func newHarness(t *testing.T, o hopts) *harness {
 		IdleTimeout:      o.idle,
 		HandshakeTimeout: 5 * time.Second,
 	}
+	if o.handshake > 0 {
+		cfg.HandshakeTimeout = o.handshake
+	}
+	cfg.ResponseHeaderTimeout = o.respHeader
 	if o.resolver != nil {
 		cfg.Resolver = o.resolver
 	}

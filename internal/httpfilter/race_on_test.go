@@ -1,0 +1,5 @@
+//go:build race
+
+package httpfilter
+
+const raceEnabled = true
