@@ -68,6 +68,15 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record
 		p.stats.intercepted.Add(1)
 		p.intercept(ctx, client, t, rec)
 	}
+	if rec.mode != "tunnel" {
+		// Intercepted bytes are counted per inner request; the tunnel line
+		// carries the raw totals of the connection.
+		if g, ok := conn.(*h1Guard); ok {
+			if ic, ok := g.Conn.(*idleConn); ok {
+				rec.up, rec.down = ic.rx.Load(), ic.tx.Load()
+			}
+		}
+	}
 	p.finish(rec)
 }
 

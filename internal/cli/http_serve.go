@@ -1,0 +1,273 @@
+package cli
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/abox-dev/abox/internal/ca"
+	"github.com/abox-dev/abox/internal/daemon"
+	"github.com/abox-dev/abox/internal/httpfilter"
+	"github.com/abox-dev/abox/internal/logring"
+	"github.com/abox-dev/abox/internal/netclass"
+	"github.com/abox-dev/abox/internal/policy"
+	"github.com/abox-dev/abox/internal/upstream"
+	"github.com/abox-dev/abox/internal/validate"
+)
+
+// httpServeOptions holds the flags of `abox http serve`.
+type httpServeOptions struct {
+	name          string
+	listen        string
+	allowlist     string
+	upstreams     []string
+	allowPrivate  []string
+	upstreamCA    string
+	caDir         string
+	noMITM        bool
+	exceptions    []string
+	ports         string
+	passive       bool
+	logFile       string
+	maxConns      int
+	idleTimeout   time.Duration
+	resolveTimout time.Duration
+}
+
+func newHTTPServeCmd(e *env) *cobra.Command {
+	o := &httpServeOptions{}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the HTTP/HTTPS filtering proxy in the foreground",
+		Long: `Run the filtering proxy in the foreground, with the local API of instance
+--name, until interrupted. It accepts absolute-form HTTP requests and CONNECT.
+Every request is checked against the allowlist and the port list, its host is
+resolved once through --upstream and every address is classified: private,
+loopback, link-local, reserved and the host's own addresses are refused unless
+--allow-private names them. The proxy then connects to exactly the address it
+checked.
+
+HTTPS is intercepted with the instance CA (created on first use in --ca-dir;
+the guest must trust ca.crt): the TLS server name and every inner request's
+Host must match the CONNECT host. --mitm-exception HOST and --no-mitm tunnel
+bytes instead, after checking the ClientHello's server name.
+
+One JSON line per request or tunnel goes to stderr (or --log-file) and to
+` + "`abox http logs NAME`" + `; the TLS key log is switched with the local API.`,
+		Example: `  abox http serve --listen 127.0.0.1:3128 --allowlist allow.txt --upstream 1.1.1.1
+  abox http serve --listen 10.10.10.1:3128 --allowlist allow.txt --upstream 9.9.9.9 --ports 80,443,8443 --mitm-exception pinned.example.com`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runHTTPServe(cmd.Context(), e, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.name, "name", "standalone-http", "instance name: selects the API socket (for `abox http status NAME`), the default allowlist, CA and key log")
+	f.StringVar(&o.listen, "listen", "127.0.0.1:3128", "IP:PORT to serve on")
+	f.StringVar(&o.allowlist, "allowlist", "", "allowlist FILE (default: the instance's allowlist.txt)")
+	f.StringArrayVar(&o.upstreams, "upstream", nil, "upstream resolver IP[:PORT], repeatable, tried in order (default: the host's, from /etc/resolv.conf)")
+	f.StringArrayVar(&o.allowPrivate, "allow-private", nil, "CIDR of private or reserved addresses the proxy may connect to, repeatable")
+	f.StringVar(&o.upstreamCA, "upstream-ca", "", "PEM FILE of extra roots trusted for upstream servers, besides the system roots")
+	f.StringVar(&o.caDir, "ca-dir", "", "directory of the interception CA (default: the instance's ca/)")
+	f.BoolVar(&o.noMITM, "no-mitm", false, "never intercept TLS: tunnel every CONNECT after checking its server name")
+	f.StringArrayVar(&o.exceptions, "mitm-exception", nil, "HOST to tunnel instead of intercepting, repeatable")
+	f.StringVar(&o.ports, "ports", "80,443", "comma-separated destination ports the guest may reach")
+	f.BoolVar(&o.passive, "passive", false, "start in passive mode: allow and record every name (never with untrusted workloads; addresses are still checked)")
+	f.StringVar(&o.logFile, "log-file", "", "append decision lines to FILE instead of stderr")
+	f.IntVar(&o.maxConns, "max-conns", 1024, "concurrent guest connections at most")
+	f.DurationVar(&o.idleTimeout, "idle-timeout", 10*time.Minute, "close a connection on which nothing moved for this long (there is no overall deadline)")
+	f.DurationVar(&o.resolveTimout, "upstream-timeout", upstream.DefaultTimeout, "timeout of one try against one upstream resolver")
+	return cmd
+}
+
+func parsePorts(s string) ([]uint16, error) {
+	var out []uint16
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("--ports %q: %q is not a port (write for example 80,443)", s, f)
+		}
+		out = append(out, uint16(n))
+	}
+	return out, nil
+}
+
+func parsePermit(list []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range list {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return nil, fmt.Errorf("--allow-private %q: not a CIDR (write for example 10.20.0.0/16 or fd00::/8)", s)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+func upstreamRoots(file string) (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if file == "" {
+		return pool, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("reading --upstream-ca: %w", err)
+	}
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("reading --upstream-ca %s: no PEM certificate in it", file)
+	}
+	return pool, nil
+}
+
+func runHTTPServe(ctx context.Context, e *env, o *httpServeOptions) error {
+	if err := validate.InstanceName(o.name); err != nil {
+		return usageError{fmt.Errorf("--name: %w", err)}
+	}
+	ports, err := parsePorts(o.ports)
+	if err != nil {
+		return usageError{err}
+	}
+	permit, err := parsePermit(o.allowPrivate)
+	if err != nil {
+		return usageError{err}
+	}
+	for _, u := range o.upstreams {
+		if _, err := upstream.ParseServer(u); err != nil {
+			return usageError{fmt.Errorf("--upstream: %w", err)}
+		}
+	}
+	listenAddr, err := netip.ParseAddrPort(o.listen)
+	if err != nil {
+		return usageError{fmt.Errorf("--listen %q: want IP:PORT (for example 10.10.10.1:3128)", o.listen)}
+	}
+	l, err := e.layout()
+	if err != nil {
+		return err
+	}
+	allow := o.allowlist
+	if allow == "" {
+		allow = l.Allowlist(o.name)
+	}
+	if allow, err = filepath.Abs(allow); err != nil {
+		return fmt.Errorf("allowlist: %w", err)
+	}
+	if _, err := os.Stat(allow); errors.Is(err, fs.ErrNotExist) {
+		return withHint(fmt.Errorf("allowlist %s does not exist", allow),
+			"create it with one name per line (for example `echo example.com > allow.txt`) and pass --allowlist allow.txt")
+	}
+	roots, err := upstreamRoots(o.upstreamCA)
+	if err != nil {
+		return err
+	}
+	caDir := o.caDir
+	if caDir == "" {
+		caDir = l.CADir(o.name)
+	}
+	authority, err := ca.New(ca.Config{Dir: caDir, Name: o.name})
+	if err != nil {
+		return err
+	}
+	// Create the CA now, not at the first CONNECT: the guest must be able
+	// to trust ca.crt before its first connection.
+	if _, err := authority.CertPEM(); err != nil {
+		return err
+	}
+	up, err := upstream.New(upstream.Config{Servers: o.upstreams, Timeout: o.resolveTimout})
+	if err != nil {
+		return err
+	}
+
+	var out io.Writer = e.stderr
+	if o.logFile != "" {
+		if err := os.MkdirAll(filepath.Dir(o.logFile), 0o755); err != nil {
+			return fmt.Errorf("opening --log-file: %w", err)
+		}
+		f, err := os.OpenFile(o.logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+		if err != nil {
+			return fmt.Errorf("opening --log-file: %w", err)
+		}
+		defer f.Close()
+		out = f
+	}
+	ring := logring.New(2000)
+	log := slog.New(slog.NewJSONHandler(io.MultiWriter(out, ring), nil))
+
+	pol, err := policy.New(policy.Config{AllowlistPath: allow, Logger: log})
+	if err != nil {
+		return withHint(err, "fix the listed lines (check a file with `abox allowlist check FILE`)")
+	}
+	if o.passive {
+		pol.SetMode(policy.Passive)
+	}
+	host, err := netclass.HostAddrs()
+	if err != nil {
+		return err
+	}
+	// The proxy's own address is the gateway the guest sees: never a destination.
+	if !listenAddr.Addr().IsUnspecified() {
+		host = append(host, listenAddr.Addr())
+	}
+	ln, err := net.Listen("tcp", listenAddr.String())
+	if err != nil {
+		return usageError{fmt.Errorf("--listen: %w", err)}
+	}
+	proxy, err := httpfilter.New(httpfilter.Config{
+		Listener:       ln,
+		Policy:         pol,
+		Resolver:       up,
+		Addresses:      netclass.NewPolicy(permit, host),
+		Ports:          ports,
+		CA:             authority,
+		NoMITM:         o.noMITM,
+		MITMExceptions: o.exceptions,
+		UpstreamRoots:  roots,
+		KeyLogPath:     l.KeyLog(o.name),
+		DecisionLog:    log,
+		Logger:         log,
+		MaxConns:       o.maxConns,
+		IdleTimeout:    o.idleTimeout,
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	sock := l.APISocket(o.name)
+	return daemon.Run(ctx, daemon.Options{
+		Instance:  o.name,
+		Policy:    pol,
+		Services:  []daemon.Service{proxy},
+		Logs:      map[string]*logring.Ring{"http": ring},
+		KeyLog:    proxy,
+		APISocket: sock,
+		Logger:    log,
+		Ready: func() {
+			mitm := "intercepting TLS (CA " + filepath.Join(caDir, ca.CertFile) + ")"
+			if o.noMITM {
+				mitm = "tunnelling TLS (--no-mitm)"
+			}
+			fmt.Fprintf(e.stderr, "abox: http filter for %s on %s, ports %s, upstream %v, mode %s, %s; api %s\n",
+				o.name, proxy.Addr(), o.ports, up.Servers(), pol.Mode(), mitm, sock)
+		},
+	})
+}
