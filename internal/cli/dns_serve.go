@@ -161,8 +161,10 @@ func runDNSServe(ctx context.Context, e *env, o *dnsServeOptions) error {
 		defer f.Close()
 		out = f
 	}
+	lw := dnsfilter.NewLogWriter(out, 0)
+	defer lw.Close()
 	ring := logring.New(2000)
-	log := slog.New(slog.NewJSONHandler(io.MultiWriter(out, ring), nil))
+	log := slog.New(slog.NewJSONHandler(io.MultiWriter(lw, ring), nil))
 
 	pol, err := policy.New(policy.Config{AllowlistPath: c.allowlist, Logger: log})
 	if err != nil {
