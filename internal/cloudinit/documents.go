@@ -1,0 +1,212 @@
+package cloudinit
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// The structs below mirror the cloud-init keys abox uses; yaml.v3 does the
+// quoting, so no value can break out of its field.
+
+type metaData struct {
+	InstanceID    string `yaml:"instance-id"`
+	LocalHostname string `yaml:"local-hostname"`
+}
+
+type userData struct {
+	Users       []any      `yaml:"users"`
+	DisableRoot bool       `yaml:"disable_root"`
+	SSHPwauth   bool       `yaml:"ssh_pwauth"`
+	CACerts     caCerts    `yaml:"ca_certs"`
+	WriteFiles  []fileSpec `yaml:"write_files"`
+}
+
+type user struct {
+	Name              string   `yaml:"name"`
+	Gecos             string   `yaml:"gecos"`
+	Shell             string   `yaml:"shell"`
+	Sudo              string   `yaml:"sudo"`
+	LockPasswd        bool     `yaml:"lock_passwd"`
+	SSHAuthorizedKeys []string `yaml:"ssh_authorized_keys"`
+}
+
+type caCerts struct {
+	Trusted []string `yaml:"trusted"`
+}
+
+type fileSpec struct {
+	Path        string `yaml:"path"`
+	Owner       string `yaml:"owner"`
+	Permissions string `yaml:"permissions"`
+	Append      bool   `yaml:"append,omitempty"`
+	Content     string `yaml:"content"`
+}
+
+type networkConfig struct {
+	Version   int                 `yaml:"version"`
+	Ethernets map[string]ethernet `yaml:"ethernets"`
+}
+
+type ethernet struct {
+	Match       match       `yaml:"match"`
+	DHCP4       bool        `yaml:"dhcp4"`
+	DHCP6       bool        `yaml:"dhcp6"`
+	Addresses   []quoted    `yaml:"addresses"`
+	Routes      []route     `yaml:"routes"`
+	Nameservers nameservers `yaml:"nameservers"`
+}
+
+type match struct {
+	MACAddress quoted `yaml:"macaddress"`
+}
+
+type route struct {
+	To  quoted `yaml:"to"`
+	Via quoted `yaml:"via"`
+}
+
+type nameservers struct {
+	Addresses []quoted `yaml:"addresses"`
+}
+
+// quoted is always emitted double-quoted. yaml.v3 writes YAML 1.2, where
+// 52:54:00:12:34:56 is a string, but cloud-init reads YAML 1.1 (PyYAML),
+// where an all-digit MAC is a base-60 integer (41135085296) and would never
+// match the NIC.
+type quoted string
+
+func (q quoted) MarshalYAML() (any, error) {
+	return &yaml.Node{Kind: yaml.ScalarNode, Style: yaml.DoubleQuotedStyle, Value: string(q)}, nil
+}
+
+func marshal(v any, header string) ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString(header)
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// MetaData renders the NoCloud meta-data document.
+func MetaData(c Config) ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	b, err := marshal(metaData{InstanceID: InstanceID(c.Name, c.UUID), LocalHostname: Hostname(c.Name)}, "")
+	if err != nil {
+		return nil, fmt.Errorf("encoding meta-data: %w", err)
+	}
+	return b, nil
+}
+
+// NetworkConfig renders the network-config (version 2) document: the
+// static guest address, the gateway as default route and resolver, matched
+// by MAC so it applies whatever the guest names its NIC. There is no DHCP
+// on the instance network, and IPv6 is dropped by the packet filter.
+func NetworkConfig(c Config) ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	nc := networkConfig{
+		Version: 2,
+		Ethernets: map[string]ethernet{"abox0": {
+			Match:       match{MACAddress: quoted(strings.ToLower(c.MAC))},
+			Addresses:   []quoted{quoted(c.guestPrefix())},
+			Routes:      []route{{To: "0.0.0.0/0", Via: quoted(c.Gateway.String())}},
+			Nameservers: nameservers{Addresses: []quoted{quoted(c.Gateway.String())}},
+		}},
+	}
+	b, err := marshal(nc, "")
+	if err != nil {
+		return nil, fmt.Errorf("encoding network-config: %w", err)
+	}
+	return b, nil
+}
+
+// The CA bundle Debian and Ubuntu build from /usr/local/share/ca-certificates
+// and cloud-init's ca_certs; tools that do not read the system store by
+// default are pointed at it.
+const systemCABundle = "/etc/ssl/certs/ca-certificates.crt"
+
+// proxyEnv is the environment every shell and service should see. The
+// healthcheck domain is not in no_proxy on purpose: it is answered by the
+// proxy itself.
+func proxyEnv(c Config) [][2]string {
+	u := c.ProxyURL()
+	noProxy := "localhost,127.0.0.1"
+	return [][2]string{
+		{"http_proxy", u}, {"https_proxy", u},
+		{"HTTP_PROXY", u}, {"HTTPS_PROXY", u},
+		{"no_proxy", noProxy}, {"NO_PROXY", noProxy},
+		// npm and Node.js ignore the system trust store and the
+		// variables above unless told.
+		{"npm_config_proxy", u}, {"npm_config_https_proxy", u},
+		{"NODE_EXTRA_CA_CERTS", systemCABundle},
+		// Python's requests uses certifi's bundle, not the system's.
+		{"REQUESTS_CA_BUNDLE", systemCABundle},
+	}
+}
+
+// UserData renders the #cloud-config user-data document: the login user
+// with the instance key (no password, passwordless sudo), the instance CA
+// in the system trust store, and proxy settings for shells, apt, pip, npm
+// and git (curl and wget read the environment).
+func UserData(c Config) ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	u := c.ProxyURL()
+	var profile, environment strings.Builder
+	profile.WriteString("# Written by abox: all traffic leaves through the instance proxy.\n")
+	environment.WriteString("# abox proxy settings\n")
+	for _, kv := range proxyEnv(c) {
+		// Values are a URL of an IP literal and port, or fixed paths and
+		// names: nothing that needs shell quoting.
+		fmt.Fprintf(&profile, "export %s=%s\n", kv[0], kv[1])
+		fmt.Fprintf(&environment, "%s=%s\n", kv[0], kv[1])
+	}
+	ud := userData{
+		Users: []any{
+			// "default" would also create the image's stock user (such
+			// as debian) with whatever access the image gives it.
+			user{
+				Name:              c.User,
+				Gecos:             "abox",
+				Shell:             "/bin/bash",
+				Sudo:              "ALL=(ALL) NOPASSWD:ALL",
+				LockPasswd:        true,
+				SSHAuthorizedKeys: []string{c.AuthorizedKey},
+			},
+		},
+		DisableRoot: true,
+		SSHPwauth:   false,
+		CACerts:     caCerts{Trusted: []string{strings.TrimSpace(c.CACertPEM) + "\n"}},
+		WriteFiles: []fileSpec{
+			{Path: "/etc/profile.d/abox-proxy.sh", Owner: "root:root", Permissions: "0644", Content: profile.String()},
+			// Appended: images may already set PATH or locale here.
+			{Path: "/etc/environment", Owner: "root:root", Permissions: "0644", Append: true, Content: environment.String()},
+			{Path: "/etc/apt/apt.conf.d/90abox-proxy", Owner: "root:root", Permissions: "0644", Content: fmt.Sprintf(
+				"Acquire::http::Proxy \"%s\";\nAcquire::https::Proxy \"%s\";\n", u, u)},
+			{Path: "/etc/pip.conf", Owner: "root:root", Permissions: "0644", Content: fmt.Sprintf(
+				"[global]\nproxy = %s\ncert = %s\n", u, systemCABundle)},
+			{Path: "/etc/npmrc", Owner: "root:root", Permissions: "0644", Content: fmt.Sprintf(
+				"proxy=%s\nhttps-proxy=%s\ncafile=%s\n", u, u, systemCABundle)},
+			{Path: "/etc/gitconfig", Owner: "root:root", Permissions: "0644", Content: fmt.Sprintf(
+				"[http]\n\tproxy = %s\n\tsslCAInfo = %s\n", u, systemCABundle)},
+		},
+	}
+	b, err := marshal(ud, "#cloud-config\n")
+	if err != nil {
+		return nil, fmt.Errorf("encoding user-data: %w", err)
+	}
+	return b, nil
+}

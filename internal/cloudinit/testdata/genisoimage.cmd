@@ -1,0 +1,11 @@
+genisoimage
+-quiet
+-output
+WORK/seed.iso
+-volid
+cidata
+-joliet
+-rock
+WORK/meta-data
+WORK/user-data
+WORK/network-config
