@@ -80,7 +80,7 @@ func (s *Server) Handle(ctx context.Context, client netip.Addr, network string, 
 func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*dns.Msg, decision) {
 	var d decision
 	if len(req.Question) == 1 {
-		d.name, d.qtype = req.Question[0].Name, req.Question[0].Qtype
+		d.name, d.qtype = strings.TrimSuffix(req.Question[0].Name, "."), req.Question[0].Qtype
 	}
 	if s.limit != nil {
 		if ok, logIt := s.limit.allow(client, s.now()); !ok {
