@@ -63,6 +63,10 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err == nil {
 		return exitOK
 	}
+	var ce exitCodeError
+	if errors.As(err, &ce) {
+		return ce.code
+	}
 	fmt.Fprintf(stderr, "abox: %v\n", err)
 	var he *hintError
 	if errors.As(err, &he) && he.hint != "" {
@@ -94,6 +98,16 @@ instance.`,
 		return usageError{fmt.Errorf("%w (see %s --help)", err, c.CommandPath())}
 	})
 	root.AddCommand(
+		newCreateCmd(e),
+		newStartCmd(e),
+		newStopCmd(e),
+		newRestartCmd(e),
+		newRemoveCmd(e),
+		newListCmd(e),
+		newStatusCmd(e),
+		newSSHCmd(e),
+		newBaseCmd(e),
+		newDaemonCmd(e),
 		newVersionCmd(e),
 		newDNSCmd(e),
 		newHTTPCmd(e),

@@ -1,0 +1,351 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/validate"
+)
+
+func newCreateCmd(e *env) *cobra.Command {
+	var s instance.Spec
+	var subnet string
+	var allowPrivate []string
+	var ports []uint
+	cmd := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Define a new instance (VM, network, packet filter, filters' config)",
+		Long: `Create an instance: a qcow2 overlay on a base image, a cloud-init seed with
+the instance's own SSH key, CA and proxy settings, a host-only network with its
+own /24, and the libvirt domain with its packet filter. Nothing runs until
+` + "`abox start NAME`" + `. A failed create leaves nothing behind.`,
+		Example: `  abox create dev
+  abox create dev --cpus 4 --memory 4096 --allowlist allow.txt --accel tcg`,
+		Args: exactArgs(1, "an instance NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s.Name = args[0]
+			if err := validate.InstanceName(s.Name); err != nil {
+				return usageError{err}
+			}
+			if subnet != "" {
+				p, err := netip.ParsePrefix(subnet)
+				if err != nil {
+					return usageError{fmt.Errorf("--subnet %q: want a /24 such as 10.10.7.0/24", subnet)}
+				}
+				s.Subnet = p
+			}
+			for _, c := range allowPrivate {
+				p, err := parseCIDR(c)
+				if err != nil {
+					return usageError{err}
+				}
+				s.AllowPrivate = append(s.AllowPrivate, p)
+			}
+			for _, p := range ports {
+				if p == 0 || p > 65535 {
+					return usageError{fmt.Errorf("--port %d: want 1-65535", p)}
+				}
+				s.Ports = append(s.Ports, uint16(p))
+			}
+			m, closeFn, err := e.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			st, warnings, err := m.Create(cmd.Context(), s)
+			for _, w := range warnings {
+				fmt.Fprintf(e.stderr, "warning: %s\n", w)
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stderr, "created %s (%s, guest %s); start it with `abox start %s`\n", st.Name, st.Subnet, st.GuestIP, st.Name)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.UintVar(&s.CPUs, "cpus", instance.DefaultCPUs, "virtual CPUs")
+	f.UintVar(&s.MemoryMiB, "memory", instance.DefaultMemoryMiB, "memory in MiB")
+	f.UintVar(&s.DiskGiB, "disk", instance.DefaultDiskGiB, "disk size in GiB")
+	f.StringVar(&s.Base, "base", "debian-12", "base image (see `abox base list`)")
+	f.StringVar(&subnet, "subnet", "", "the instance /24 (default: a free one from 10.10.0.0/16)")
+	f.StringVar(&s.User, "user", instance.DefaultUser, "login user in the guest")
+	f.StringVar(&s.Accel, "accel", "auto", "accelerator: kvm, tcg or auto (auto avoids KVM where it cannot boot a guest)")
+	f.StringArrayVar(&s.Upstreams, "upstream", nil, "upstream DNS resolver IP[:PORT] for the filters, repeatable (default: the host's)")
+	f.StringArrayVar(&allowPrivate, "allow-private", nil, "private address range the guest may reach through the filters, repeatable")
+	f.StringVar(&s.Allowlist, "allowlist", "", "initial allowlist FILE")
+	f.BoolVar(&s.NoMITM, "no-mitm", false, "do not intercept TLS (CONNECT becomes a checked tunnel)")
+	f.StringArrayVar(&s.MITMExceptions, "mitm-exception", nil, "host tunnelled instead of intercepted, repeatable")
+	f.UintSliceVar(&ports, "port", nil, "destination ports the proxy allows (default 80,443)")
+	f.StringVar(&s.UpstreamCA, "upstream-ca", "", "PEM FILE of extra roots the proxy trusts for origin TLS (besides the system's)")
+	f.StringVar(&s.Template, "template", "", "libvirt domain template FILE (replaces the hardened defaults)")
+	return cmd
+}
+
+func parseCIDR(s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		if a, aerr := netip.ParseAddr(s); aerr == nil {
+			return netip.PrefixFrom(a, a.BitLen()), nil
+		}
+		return netip.Prefix{}, fmt.Errorf("--allow-private %q: not a CIDR (write for example 10.20.0.0/16)", s)
+	}
+	return p.Masked(), nil
+}
+
+func newStartCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "start NAME",
+		Short: "Start an instance: network, host firewall, filters, then the guest",
+		Args:  exactArgs(1, "an instance NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, closeFn, err := e.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			t0 := time.Now()
+			if err := m.Start(cmd.Context(), args[0]); err != nil {
+				return notFoundHint(args[0], err)
+			}
+			fmt.Fprintf(e.stderr, "started %s in %s; connect with `abox ssh %s` once it has booted\n", args[0], time.Since(t0).Round(time.Millisecond), args[0])
+			return nil
+		},
+	}
+}
+
+func newStopCmd(e *env) *cobra.Command {
+	var o instance.StopOptions
+	cmd := &cobra.Command{
+		Use:   "stop NAME",
+		Short: "Shut an instance down (ACPI), then stop its filters and network",
+		Args:  exactArgs(1, "an instance NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, closeFn, err := e.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			if err := m.Stop(cmd.Context(), args[0], o); err != nil {
+				return notFoundHint(args[0], err)
+			}
+			fmt.Fprintf(e.stderr, "stopped %s\n", args[0])
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&o.Force, "force", false, "power off at once instead of an ACPI shutdown")
+	cmd.Flags().DurationVar(&o.Timeout, "timeout", 2*time.Minute, "how long to wait for the guest to shut down")
+	return cmd
+}
+
+func newRestartCmd(e *env) *cobra.Command {
+	var o instance.StopOptions
+	cmd := &cobra.Command{
+		Use:   "restart NAME",
+		Short: "Stop then start an instance",
+		Args:  exactArgs(1, "an instance NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, closeFn, err := e.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			if err := m.Stop(cmd.Context(), args[0], o); err != nil {
+				return notFoundHint(args[0], err)
+			}
+			if err := m.Start(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stderr, "restarted %s\n", args[0])
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&o.Force, "force", false, "power off at once instead of an ACPI shutdown")
+	cmd.Flags().DurationVar(&o.Timeout, "timeout", 2*time.Minute, "how long to wait for the guest to shut down")
+	return cmd
+}
+
+func newRemoveCmd(e *env) *cobra.Command {
+	var force bool
+	cmd := &cobra.Command{
+		Use:     "remove NAME",
+		Aliases: []string{"rm"},
+		Short:   "Delete an instance and everything abox made for it",
+		Args:    exactArgs(1, "an instance NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, closeFn, err := e.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			if err := m.Remove(cmd.Context(), args[0], force); err != nil {
+				return notFoundHint(args[0], err)
+			}
+			fmt.Fprintf(e.stderr, "removed %s\n", args[0])
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&force, "force", false, "power a running instance off and remove it")
+	return cmd
+}
+
+func newListCmd(e *env) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:     "list",
+		Aliases: []string{"ls"},
+		Short:   "List instances",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, closeFn, err := e.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			infos, err := m.List(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if infos == nil {
+					infos = []instance.Info{}
+				}
+				return writeJSON(e.stdout, infos)
+			}
+			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSTATUS\tFILTERS\tGUEST IP\tSUBNET\tBASE\tCPUS\tMEMORY")
+			for _, i := range infos {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d MiB\n", i.Name, i.Status, filtersState(i), i.GuestIP, i.Subnet, i.Base, i.CPUs, i.MemoryMiB)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func filtersState(i instance.Info) string {
+	if i.DaemonPID != 0 {
+		return "up"
+	}
+	return "down"
+}
+
+func newStatusCmd(e *env) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status NAME",
+		Short: "Show an instance's definition and live state",
+		Args:  exactArgs(1, "an instance NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, closeFn, err := e.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			i, err := m.Describe(cmd.Context(), args[0])
+			if err != nil {
+				return notFoundHint(args[0], err)
+			}
+			if asJSON {
+				return writeJSON(e.stdout, i)
+			}
+			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "name:\t%s\nstatus:\t%s\nfilters:\t%s\n", i.Name, i.Status, filtersState(i))
+			fmt.Fprintf(tw, "guest:\t%s (user %s)\ngateway:\t%s (dns :53, proxy :%d)\nbridge:\t%s\nmac:\t%s\n", i.GuestIP, i.User, i.Gateway, i.ProxyPort, i.Bridge, i.MAC)
+			fmt.Fprintf(tw, "base:\t%s\nresources:\t%d cpus, %d MiB, %d GiB disk, accel %s\ncreated:\t%s\n", i.Base, i.CPUs, i.MemoryMiB, i.DiskGiB, i.Accel, i.CreatedAt.Format(time.RFC3339))
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newSSHCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "ssh NAME [-- COMMAND...]",
+		Short: "Open a shell (or run a command) in an instance over SSH",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			l, err := e.layout()
+			if err != nil {
+				return err
+			}
+			st, err := instance.Load(l, args[0])
+			if err != nil {
+				return notFoundHint(args[0], err)
+			}
+			argv, err := instance.SSHArgs(l, st, args[1:])
+			if err != nil {
+				return err
+			}
+			path, err := exec.LookPath("ssh")
+			if err != nil {
+				return withHint(errors.New("ssh is not installed"), "install openssh-client")
+			}
+			c := exec.CommandContext(cmd.Context(), path, argv...)
+			c.Stdin, c.Stdout, c.Stderr = e.stdin, e.stdout, e.stderr
+			if err := c.Run(); err != nil {
+				var ee *exec.ExitError
+				if errors.As(err, &ee) {
+					return exitCodeError{code: ee.ExitCode()}
+				}
+				return err
+			}
+			return nil
+		},
+	}
+}
+
+// exitCodeError passes a child's exit status through without a message.
+type exitCodeError struct{ code int }
+
+func (e exitCodeError) Error() string { return "exit status " + strconv.Itoa(e.code) }
+
+func notFoundHint(name string, err error) error {
+	if errors.Is(err, instance.ErrNotFound) {
+		return withHint(err, fmt.Sprintf("create it with `abox create %s`; `abox list` shows the existing ones", name))
+	}
+	return err
+}
+
+func newDaemonCmd(e *env) *cobra.Command {
+	cmd := &cobra.Command{Use: "daemon", Short: "Run an instance's filter daemon (used by abox start)", Hidden: true}
+	run := &cobra.Command{
+		Use:  "run NAME",
+		Args: exactArgs(1, "an instance NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			l, err := e.layout()
+			if err != nil {
+				return err
+			}
+			return instance.RunFilters(cmd.Context(), l, args[0], e.stderr, nil)
+		},
+	}
+	supervise := &cobra.Command{
+		Use:  "supervise NAME",
+		Args: exactArgs(1, "an instance NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			l, err := e.layout()
+			if err != nil {
+				return err
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			return instance.Supervise(cmd.Context(), l, exe, args[0], e.stderr)
+		},
+	}
+	cmd.AddCommand(run, supervise)
+	return cmd
+}

@@ -1,0 +1,77 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/abox-dev/abox/internal/cloudinit"
+	"github.com/abox-dev/abox/internal/hostfw"
+	"github.com/abox-dev/abox/internal/image"
+	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/libvirt"
+)
+
+// EnvLibvirtSocket overrides libvirtd's socket (tests run a private libvirtd).
+const EnvLibvirtSocket = "ABOX_LIBVIRT_SOCKET"
+
+// EnvPool overrides the address pool instance subnets come from.
+const EnvPool = "ABOX_SUBNET_POOL"
+
+const defaultLibvirtSocket = "/var/run/libvirt/libvirt-sock"
+
+func libvirtSocket() string {
+	if s := os.Getenv(EnvLibvirtSocket); s != "" {
+		return s
+	}
+	return defaultLibvirtSocket
+}
+
+// manager wires the instance orchestrator to the real hypervisor, firewall,
+// image store and processes. The returned function releases the libvirt
+// connection.
+func (e *env) manager(ctx context.Context) (*instance.Manager, func(), error) {
+	l, err := e.layout()
+	if err != nil {
+		return nil, nil, err
+	}
+	sock := libvirtSocket()
+	hv, err := libvirt.Dial(ctx, sock)
+	if err != nil {
+		return nil, nil, withHint(fmt.Errorf("connecting to libvirt at %s: %w", sock, err),
+			"start libvirtd (`libvirtd -d` with virtlogd, or `make deps` to install it) and run abox as root")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		hv.Close()
+		return nil, nil, err
+	}
+	m := &instance.Manager{
+		Layout:     l,
+		Hypervisor: hv,
+		Firewall:   hostfw.New(hostfw.ExecRunner{}),
+		Images:     image.NewStore(l.Root, image.ExecRunner{}, nil),
+		Run:        libvirt.ExecRunner{},
+		Daemon:     &instance.ProcessDaemon{Layout: l, Exe: exe},
+		Seeds:      seedWriter{},
+		Progress:   e.stderr,
+		Pool:       os.Getenv(EnvPool),
+	}
+	return m, func() { hv.Close() }, nil
+}
+
+// seedWriter renders the cloud-init documents and packs them into the ISO.
+type seedWriter struct{}
+
+func (seedWriter) WriteSeed(ctx context.Context, path string, in instance.SeedInput) error {
+	st := in.State
+	s, err := cloudinit.Render(cloudinit.Config{
+		Name: st.Name, UUID: st.UUID, User: st.User,
+		AuthorizedKey: in.AuthorizedKey, CACertPEM: string(in.CACertPEM),
+		MAC: st.MAC, Subnet: st.Subnet, GuestIP: st.GuestIP, Gateway: st.Gateway, ProxyPort: st.ProxyPort,
+	})
+	if err != nil {
+		return err
+	}
+	return cloudinit.WriteISO(ctx, cloudinit.ExecRunner{}, s, path)
+}

@@ -1,0 +1,471 @@
+package instance
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/ca"
+	"github.com/abox-dev/abox/internal/cloudinit"
+	"github.com/abox-dev/abox/internal/fsutil"
+	"github.com/abox-dev/abox/internal/image"
+	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/validate"
+)
+
+// Spec is what a user asks for at create. Zero values take defaults.
+type Spec struct {
+	Name      string
+	Base      string
+	CPUs      uint
+	MemoryMiB uint
+	DiskGiB   uint
+	User      string
+	// Accel is "kvm", "tcg" or "auto" (default).
+	Accel string
+	// Subnet is an explicit /24; zero means allocate from the pool.
+	Subnet       netip.Prefix
+	Upstreams    []string
+	AllowPrivate []netip.Prefix
+	// Allowlist is an optional file whose entries seed the instance's list.
+	Allowlist      string
+	NoMITM         bool
+	MITMExceptions []string
+	Ports          []uint16
+	// Template is an optional domain template file (replaces hardened defaults).
+	Template string
+	// UpstreamCA is an optional PEM file of extra roots for origin TLS.
+	UpstreamCA string
+}
+
+// SeedInput is what the cloud-init seed needs beyond the state.
+type SeedInput struct {
+	State         State
+	AuthorizedKey string // "ssh-ed25519 AAAA... comment"
+	CACertPEM     []byte
+	// HostKey is the guest's ssh host key, generated here so that the
+	// first connection is already verified (known_hosts is written at create).
+	HostKeyPEM    []byte
+	HostPublicKey string
+}
+
+// SeedWriter writes the NoCloud seed ISO at path.
+type SeedWriter interface {
+	WriteSeed(ctx context.Context, path string, in SeedInput) error
+}
+
+// Create defines a new instance. On any failure everything it made is undone.
+func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []string, err error) {
+	if err := validate.InstanceName(spec.Name); err != nil {
+		return State{}, nil, err
+	}
+	spec, err = withDefaults(spec)
+	if err != nil {
+		return State{}, nil, err
+	}
+	base, err := m.Images.Get(spec.Base)
+	if err != nil {
+		if errors.Is(err, image.ErrNotFound) {
+			return State{}, nil, fmt.Errorf("creating %s: base image %q is not installed (build one with `abox base build debian-12`, or `abox base import %s FILE`)", spec.Name, spec.Base, spec.Base)
+		}
+		return State{}, nil, fmt.Errorf("creating %s: %w", spec.Name, err)
+	}
+	var seedEntries []string
+	if spec.Allowlist != "" {
+		seedEntries, err = readAllowlist(spec.Allowlist)
+		if err != nil {
+			return State{}, nil, err
+		}
+	}
+	var upstreamCA []byte
+	if spec.UpstreamCA != "" {
+		if upstreamCA, err = os.ReadFile(spec.UpstreamCA); err != nil {
+			return State{}, nil, fmt.Errorf("reading upstream CA bundle: %w", err)
+		}
+		if !x509.NewCertPool().AppendCertsFromPEM(upstreamCA) {
+			return State{}, nil, fmt.Errorf("upstream CA bundle %s holds no PEM certificate", spec.UpstreamCA)
+		}
+	}
+	var template string
+	if spec.Template != "" {
+		b, err := os.ReadFile(spec.Template)
+		if err != nil {
+			return State{}, nil, fmt.Errorf("reading domain template: %w", err)
+		}
+		template = string(b)
+	}
+
+	unlock, err := globalLock(m.Layout)
+	if err != nil {
+		return State{}, nil, err
+	}
+	defer unlock()
+
+	f := FilesOf(m.Layout, spec.Name)
+	if _, err := os.Stat(f.Dir); err == nil {
+		if _, serr := os.Stat(f.State); serr == nil {
+			return State{}, nil, fmt.Errorf("creating %s: an instance of that name exists (remove it with `abox remove %s`, or pick another name)", spec.Name, spec.Name)
+		}
+		// A directory without state is an interrupted create; it holds
+		// nothing of value (instances are only real once state is written).
+		if err := os.RemoveAll(f.Dir); err != nil {
+			return State{}, nil, fmt.Errorf("creating %s: clearing an interrupted create: %w", spec.Name, err)
+		}
+	}
+	if _, err := m.Hypervisor.State(ctx, libvirt.DomainName(spec.Name)); !errors.Is(err, libvirt.ErrNotFound) {
+		if err != nil {
+			return State{}, nil, fmt.Errorf("creating %s: %w", spec.Name, err)
+		}
+		return State{}, nil, fmt.Errorf("creating %s: libvirt already has a domain %s not known to abox; remove it with virsh or pick another name", spec.Name, libvirt.DomainName(spec.Name))
+	}
+
+	st = State{
+		Name: spec.Name, UUID: newUUID(), CreatedAt: time.Now().UTC(),
+		Base: spec.Base, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, DiskGiB: spec.DiskGiB,
+		User: spec.User, Accel: resolveAccel(spec.Accel),
+		ProxyPort: DefaultProxyPort, Upstreams: spec.Upstreams, AllowPrivate: spec.AllowPrivate,
+		NoMITM: spec.NoMITM, MITMExceptions: spec.MITMExceptions, Ports: spec.Ports,
+		Template: template,
+		Kernel:   base.KernelPath(), Initrd: base.InitrdPath(),
+	}
+	if base.Boot != nil {
+		st.Cmdline = base.Boot.Cmdline
+	}
+	if st.Subnet, err = m.allocateSubnet(ctx, spec.Subnet); err != nil {
+		return State{}, nil, err
+	}
+	st.Gateway, st.GuestIP = libvirt.InstanceAddresses(st.Subnet)
+	if st.Bridge, err = m.allocateBridge(spec.Name); err != nil {
+		return State{}, nil, err
+	}
+	if st.MAC, err = validate.NewMAC(rand.Reader); err != nil {
+		return State{}, nil, err
+	}
+
+	var undo undoStack
+	defer func() {
+		if err != nil {
+			if uerr := undo.run(context.WithoutCancel(ctx)); uerr != nil {
+				err = fmt.Errorf("%w (and rolling back: %v)", err, uerr)
+			}
+		}
+	}()
+
+	m.progress("creating %s: subnet %s, bridge %s, accel %s", st.Name, st.Subnet, st.Bridge, st.Accel)
+	for _, d := range []string{f.Dir, filepath.Dir(f.SSHKey), f.LogsDir, f.RunDir} {
+		if err = os.MkdirAll(d, 0o700); err != nil {
+			return State{}, nil, fmt.Errorf("creating %s: %w", st.Name, err)
+		}
+	}
+	undo.push("remove instance directory", func(context.Context) error { return os.RemoveAll(f.Dir) })
+
+	var in SeedInput
+	in.State = st
+	if in.AuthorizedKey, err = cloudinit.GenerateSSHKey(f.SSHKey, "abox-"+st.Name, nil); err != nil {
+		return State{}, nil, err
+	}
+	if in.HostKeyPEM, in.HostPublicKey, err = newHostKey(); err != nil {
+		return State{}, nil, err
+	}
+	known := fmt.Sprintf("%s %s\n", st.GuestIP, in.HostPublicKey)
+	if err = fsutil.WriteFileAtomic(f.KnownHosts, []byte(known), 0o600); err != nil {
+		return State{}, nil, err
+	}
+	authority, err := ca.New(ca.Config{Dir: f.CADir})
+	if err != nil {
+		return State{}, nil, fmt.Errorf("creating %s: instance CA: %w", st.Name, err)
+	}
+	if in.CACertPEM, err = authority.CertPEM(); err != nil {
+		return State{}, nil, fmt.Errorf("creating %s: instance CA: %w", st.Name, err)
+	}
+	allow := "# abox allowlist of " + st.Name + ": one name per line; *.example.com allows every name below example.com\n"
+	if len(seedEntries) > 0 {
+		allow += strings.Join(seedEntries, "\n") + "\n"
+	}
+	if err = fsutil.WriteFileAtomic(f.Allowlist, []byte(allow), 0o644); err != nil {
+		return State{}, nil, err
+	}
+	if upstreamCA != nil {
+		st.UpstreamCA = filepath.Join(f.Dir, "upstream-ca.pem")
+		if err = fsutil.WriteFileAtomic(st.UpstreamCA, upstreamCA, 0o644); err != nil {
+			return State{}, nil, err
+		}
+	}
+	m.progress("creating %s: disk overlay on base %s (%d GiB)", st.Name, st.Base, st.DiskGiB)
+	if _, err = m.Run.Run(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base.Disk(), f.Disk, strconv.FormatUint(uint64(st.DiskGiB), 10)+"G"); err != nil {
+		return State{}, nil, fmt.Errorf("creating %s: disk overlay: %w", st.Name, err)
+	}
+	if err = m.Seeds.WriteSeed(ctx, f.Seed, in); err != nil {
+		return State{}, nil, fmt.Errorf("creating %s: cloud-init seed: %w", st.Name, err)
+	}
+	if warnings, err = m.define(ctx, st, &undo); err != nil {
+		return State{}, nil, err
+	}
+	if err = Save(m.Layout, st); err != nil {
+		return State{}, nil, err
+	}
+	return st, warnings, nil
+}
+
+// define (re)defines the network, filter and domain of st in libvirt.
+func (m *Manager) define(ctx context.Context, st State, undo *undoStack) (warnings []string, err error) {
+	p := ParamsOf(m.Layout, st)
+	netXML, err := libvirt.NetworkXML(p)
+	if err != nil {
+		return nil, err
+	}
+	filterXML, err := libvirt.NWFilterXML(p)
+	if err != nil {
+		return nil, err
+	}
+	var domXML string
+	if st.Template != "" {
+		var warn string
+		domXML, warn, err = libvirt.RenderTemplate(st.Template, p)
+		if err != nil {
+			return nil, err
+		}
+		warnings = append(warnings, warn)
+	} else if domXML, err = libvirt.DomainXML(p); err != nil {
+		return nil, err
+	}
+	net, filter, dom := libvirt.NetworkName(st.Name), libvirt.FilterName(st.Name), libvirt.DomainName(st.Name)
+	if err := m.Hypervisor.DefineNetwork(ctx, netXML); err != nil {
+		return nil, err
+	}
+	undo.push("undefine network", func(ctx context.Context) error { return m.Hypervisor.UndefineNetwork(ctx, net) })
+	// The filter must exist before the domain that references it, so no
+	// definition of the domain is ever without its packet filter.
+	if err := m.Hypervisor.DefineNWFilter(ctx, filterXML); err != nil {
+		return nil, err
+	}
+	undo.push("undefine nwfilter", func(ctx context.Context) error { return m.Hypervisor.UndefineNWFilter(ctx, filter) })
+	if err := m.Hypervisor.DefineDomain(ctx, domXML); err != nil {
+		return nil, err
+	}
+	undo.push("undefine domain", func(ctx context.Context) error { return m.Hypervisor.UndefineDomain(ctx, dom) })
+	return warnings, nil
+}
+
+// ParamsOf maps state to the libvirt builders' parameters.
+func ParamsOf(l interface{ LogsDir(string) string }, st State) libvirt.Params {
+	return libvirt.Params{
+		Name: st.Name, UUID: st.UUID,
+		Bridge: st.Bridge, Subnet: st.Subnet, Gateway: st.Gateway, GuestIP: st.GuestIP, MAC: st.MAC,
+		ProxyPort: st.ProxyPort, CPUs: st.CPUs, MemoryMiB: st.MemoryMiB,
+		DiskPath:      filepath.Join(filepath.Dir(l.LogsDir(st.Name)), "disk.qcow2"),
+		SeedISOPath:   filepath.Join(filepath.Dir(l.LogsDir(st.Name)), "seed.iso"),
+		SerialLogPath: filepath.Join(l.LogsDir(st.Name), "serial.log"),
+		Kernel:        st.Kernel, Initrd: st.Initrd, Cmdline: st.Cmdline,
+		Accel: libvirt.Accel(st.Accel),
+	}
+}
+
+func withDefaults(s Spec) (Spec, error) {
+	if s.Base == "" {
+		s.Base = "debian-12"
+	}
+	if s.CPUs == 0 {
+		s.CPUs = DefaultCPUs
+	}
+	if s.MemoryMiB == 0 {
+		s.MemoryMiB = DefaultMemoryMiB
+	}
+	if s.DiskGiB == 0 {
+		s.DiskGiB = DefaultDiskGiB
+	}
+	if s.User == "" {
+		s.User = DefaultUser
+	}
+	if !validUser(s.User) {
+		return s, fmt.Errorf("user %q: want a lowercase Unix user name such as %s", s.User, DefaultUser)
+	}
+	switch s.Accel {
+	case "", "auto", "kvm", "tcg":
+	default:
+		return s, fmt.Errorf("accel %q: want kvm, tcg or auto", s.Accel)
+	}
+	if s.CPUs > 64 {
+		return s, fmt.Errorf("cpus %d: want 1 to 64", s.CPUs)
+	}
+	if s.MemoryMiB < 256 {
+		return s, fmt.Errorf("memory %d MiB: want at least 256", s.MemoryMiB)
+	}
+	if s.DiskGiB > 4096 {
+		return s, fmt.Errorf("disk %d GiB: want at most 4096", s.DiskGiB)
+	}
+	if s.Subnet.IsValid() && (s.Subnet.Bits() != 24 || !s.Subnet.Addr().Is4() || s.Subnet != s.Subnet.Masked()) {
+		return s, fmt.Errorf("subnet %s: want an IPv4 /24 such as 10.10.7.0/24", s.Subnet)
+	}
+	for _, h := range s.MITMExceptions {
+		if _, err := allowlist.NormalizeName(h); err != nil {
+			return s, fmt.Errorf("mitm exception %q: %w", h, err)
+		}
+	}
+	return s, nil
+}
+
+func validUser(u string) bool {
+	if u == "" || len(u) > 32 || u == "root" {
+		return false
+	}
+	for i, c := range u {
+		if !(c >= 'a' && c <= 'z' || c == '_' || i > 0 && (c >= '0' && c <= '9' || c == '-')) {
+			return false
+		}
+	}
+	return true
+}
+
+func resolveAccel(a string) string {
+	switch a {
+	case "kvm", "tcg":
+		return a
+	}
+	if hostHasWorkingKVM() {
+		return "kvm"
+	}
+	return "tcg"
+}
+
+func readAllowlist(path string) ([]string, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading allowlist: %w", err)
+	}
+	defer fh.Close()
+	l, err := allowlist.Parse(fh, path)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range l.Entries() {
+		out = append(out, e.String())
+	}
+	return out, nil
+}
+
+func (m *Manager) allocateSubnet(ctx context.Context, want netip.Prefix) (netip.Prefix, error) {
+	var used []netip.Prefix
+	others, err := ListStates(m.Layout)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	for _, o := range others {
+		used = append(used, o.Subnet)
+	}
+	nets, err := m.Hypervisor.ListNetworks(ctx)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	for _, n := range nets {
+		used = append(used, n.Subnets...)
+	}
+	routes, err := libvirt.HostRoutes(ctx, m.Run)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	used = append(used, routes...)
+	if want.IsValid() {
+		for _, u := range used {
+			if u.IsValid() && u.Overlaps(want) {
+				return netip.Prefix{}, fmt.Errorf("subnet %s is in use (overlaps %s); leave --subnet out to pick a free one", want, u)
+			}
+		}
+		return want, nil
+	}
+	pool := m.Pool
+	if pool == "" {
+		pool = DefaultPool
+	}
+	pp, err := netip.ParsePrefix(pool)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("address pool %q: %w", pool, err)
+	}
+	return libvirt.AllocateSubnet(pp, used)
+}
+
+func (m *Manager) allocateBridge(name string) (string, error) {
+	br, err := validate.BridgeName(name)
+	if err != nil {
+		return "", err
+	}
+	others, err := ListStates(m.Layout)
+	if err != nil {
+		return "", err
+	}
+	for _, o := range others {
+		if o.Bridge == br {
+			return "", fmt.Errorf("bridge %s of %s is already used by instance %s; rename one of them", br, name, o.Name)
+		}
+	}
+	if _, err := os.Stat(filepath.Join("/sys/class/net", br)); err == nil {
+		return "", fmt.Errorf("a host interface %s already exists; remove it (ip link del %s) or pick another instance name", br, br)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
+	return br, nil
+}
+
+func newUUID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+func newHostKey() (privPEM []byte, pubLine string, err error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, "", err
+	}
+	blk, err := ssh.MarshalPrivateKey(priv, "")
+	if err != nil {
+		return nil, "", err
+	}
+	sp, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		return nil, "", err
+	}
+	return pem.EncodeToMemory(blk), strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sp))), nil
+}
+
+// undoStack runs rollback steps in reverse order and reports every failure.
+type undoStack struct {
+	steps []undoStep
+}
+
+type undoStep struct {
+	what string
+	fn   func(context.Context) error
+}
+
+func (u *undoStack) push(what string, fn func(context.Context) error) {
+	u.steps = append(u.steps, undoStep{what, fn})
+}
+
+func (u *undoStack) run(ctx context.Context) error {
+	var errs []error
+	for i := len(u.steps) - 1; i >= 0; i-- {
+		if err := u.steps[i].fn(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", u.steps[i].what, err))
+		}
+	}
+	u.steps = nil
+	return errors.Join(errs...)
+}

@@ -1,0 +1,207 @@
+package instance
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/abox-dev/abox/internal/api"
+	"github.com/abox-dev/abox/internal/fsutil"
+	"github.com/abox-dev/abox/internal/paths"
+)
+
+// ProcessDaemon runs each instance's filters as a detached supervisor
+// process (`abox daemon supervise NAME`) that restarts `abox daemon run NAME`
+// whenever it exits. While the filters are down nothing listens on the
+// gateway, so the guest can neither resolve nor connect: it fails closed.
+type ProcessDaemon struct {
+	Layout paths.Layout
+	// Exe is the abox binary to launch.
+	Exe string
+	// ReadyTimeout bounds Start's wait for the API; 0 means 30s.
+	ReadyTimeout time.Duration
+}
+
+// Start implements DaemonControl.
+func (d *ProcessDaemon) Start(ctx context.Context, st State) error {
+	f := FilesOf(d.Layout, st.Name)
+	if d.PID(st.Name) != 0 {
+		return d.waitReady(ctx, st.Name, nil)
+	}
+	if err := os.MkdirAll(f.LogsDir, 0o700); err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(f.DaemonLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening daemon log: %w", err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(d.Exe, "daemon", "supervise", st.Name)
+	cmd.Env = append(os.Environ(), paths.EnvHome+"="+d.Layout.Root)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("launching filter daemon: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	if err := d.waitReady(ctx, st.Name, exited); err != nil {
+		cmd.Process.Signal(syscall.SIGTERM)
+		return fmt.Errorf("%w\n%s", err, tailFile(f.DaemonLog, 15))
+	}
+	return nil
+}
+
+func (d *ProcessDaemon) waitReady(ctx context.Context, name string, exited <-chan error) error {
+	timeout := d.ReadyTimeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c := api.NewClient(FilesOf(d.Layout, name).APISocket)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		sctx, scancel := context.WithTimeout(ctx, time.Second)
+		st, err := c.Status(sctx)
+		scancel()
+		if err == nil && st.Components["dns"] != nil && st.Components["http"] != nil {
+			return nil
+		}
+		select {
+		case err := <-exited:
+			return fmt.Errorf("the filter daemon exited before it was ready (%v); its log says:", err)
+		case <-ctx.Done():
+			return fmt.Errorf("the filter daemon was not ready within %s; its log says:", timeout)
+		case <-t.C:
+		}
+	}
+}
+
+// Stop implements DaemonControl.
+func (d *ProcessDaemon) Stop(ctx context.Context, name string) error {
+	pid := d.PID(name)
+	if pid == 0 {
+		return nil
+	}
+	syscall.Kill(pid, syscall.SIGTERM)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if !alive(pid) {
+			os.Remove(FilesOf(d.Layout, name).DaemonPID)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	// The supervisor's process group holds the filter process too.
+	syscall.Kill(-pid, syscall.SIGKILL)
+	os.Remove(FilesOf(d.Layout, name).DaemonPID)
+	return nil
+}
+
+// PID implements DaemonControl: the supervisor's pid if it is alive and
+// really is this instance's supervisor (pids are reused).
+func (d *ProcessDaemon) PID(name string) int {
+	b, err := os.ReadFile(FilesOf(d.Layout, name).DaemonPID)
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 || !alive(pid) {
+		return 0
+	}
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || !bytes.Contains(cmdline, []byte("daemon\x00supervise\x00"+name+"\x00")) {
+		return 0
+	}
+	return pid
+}
+
+func alive(pid int) bool {
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	// A zombie still answers kill(0); it is gone for our purposes.
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+		return false
+	}
+	return true
+}
+
+func tailFile(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Supervise is the body of `abox daemon supervise NAME`: it runs
+// `EXE daemon run NAME` and restarts it whenever it exits, with backoff,
+// until ctx ends; then it stops the child and returns.
+func Supervise(ctx context.Context, l paths.Layout, exe, name string, log io.Writer) error {
+	f := FilesOf(l, name)
+	if err := os.MkdirAll(f.RunDir, 0o700); err != nil {
+		return err
+	}
+	if err := fsutil.WriteFileAtomic(f.DaemonPID, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		return err
+	}
+	defer os.Remove(f.DaemonPID)
+	backoff := 200 * time.Millisecond
+	for {
+		cmd := exec.Command(exe, "daemon", "run", name)
+		cmd.Env = append(os.Environ(), paths.EnvHome+"="+l.Root)
+		cmd.Stdout, cmd.Stderr = log, log
+		started := time.Now()
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("starting filters: %w", err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-ctx.Done():
+			cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-done:
+			case <-time.After(8 * time.Second):
+				cmd.Process.Kill()
+				<-done
+			}
+			return nil
+		case err := <-done:
+			fmt.Fprintf(log, "{\"time\":%q,\"level\":\"ERROR\",\"msg\":\"filters exited; restarting\",\"instance\":%q,\"error\":%q,\"backoff\":%q}\n",
+				time.Now().UTC().Format(time.RFC3339Nano), name, fmt.Sprint(err), backoff.String())
+		}
+		if time.Since(started) > 30*time.Second {
+			backoff = 200 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}

@@ -1,0 +1,236 @@
+package instance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/abox-dev/abox/internal/libvirt"
+)
+
+// DaemonControl starts and stops an instance's filter daemon.
+type DaemonControl interface {
+	// Start launches the daemon (supervised: restarted if it dies) and
+	// returns once its DNS filter, proxy and API answer.
+	Start(ctx context.Context, st State) error
+	// Stop ends the daemon and its supervisor; stopping a stopped daemon is not an error.
+	Stop(ctx context.Context, name string) error
+	// PID returns the supervisor's pid, 0 when not running.
+	PID(name string) int
+}
+
+// Start brings up the network, the host firewall chain and the filter
+// daemon, then boots the guest. The order matters: the guest must never run
+// before the layers that contain it. On failure what was started is stopped.
+func (m *Manager) Start(ctx context.Context, name string) (err error) {
+	unlock, err := lockFile(FilesOf(m.Layout, name).Lock)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	st, err := Load(m.Layout, name)
+	if err != nil {
+		return err
+	}
+	dom := libvirt.DomainName(name)
+	state, err := m.Hypervisor.State(ctx, dom)
+	if errors.Is(err, libvirt.ErrNotFound) {
+		return fmt.Errorf("starting %s: libvirt has no domain %s; recreate the instance (abox remove %s && abox create %s)", name, dom, name, name)
+	}
+	if err != nil {
+		return err
+	}
+	if state.Active() {
+		return fmt.Errorf("starting %s: already running (state %s)", name, state)
+	}
+	var undo undoStack
+	defer func() {
+		if err != nil {
+			if uerr := undo.run(context.WithoutCancel(ctx)); uerr != nil {
+				err = fmt.Errorf("%w (and rolling back: %v)", err, uerr)
+			}
+		}
+	}()
+	m.progress("starting %s: network %s", name, st.Bridge)
+	if err := m.Hypervisor.StartNetwork(ctx, libvirt.NetworkName(name)); err != nil {
+		return err
+	}
+	undo.push("stop network", func(ctx context.Context) error { return m.Hypervisor.DestroyNetwork(ctx, libvirt.NetworkName(name)) })
+	if err := m.Firewall.Ensure(ctx, st.Bridge); err != nil {
+		return fmt.Errorf("starting %s: host firewall: %w", name, err)
+	}
+	m.progress("starting %s: filters on %s (dns :53, proxy :%d)", name, st.Gateway, st.ProxyPort)
+	if err := m.Daemon.Start(ctx, st); err != nil {
+		return fmt.Errorf("starting %s: filter daemon: %w", name, err)
+	}
+	undo.push("stop filter daemon", func(ctx context.Context) error { return m.Daemon.Stop(ctx, name) })
+	m.progress("starting %s: booting the guest (accel %s)", name, st.Accel)
+	if err := m.Hypervisor.StartDomain(ctx, dom); err != nil {
+		return err
+	}
+	return nil
+}
+
+// StopOptions tunes Stop.
+type StopOptions struct {
+	// Force powers the guest off at once instead of an ACPI shutdown.
+	Force bool
+	// Timeout bounds the ACPI shutdown; then Stop fails unless Force.
+	Timeout time.Duration
+}
+
+// Stop shuts the guest down, then stops the filter daemon and the network.
+// Every step is attempted and every error reported.
+func (m *Manager) Stop(ctx context.Context, name string, o StopOptions) error {
+	unlock, err := lockFile(FilesOf(m.Layout, name).Lock)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if _, err := Load(m.Layout, name); err != nil {
+		return err
+	}
+	return m.stopLocked(ctx, name, o)
+}
+
+func (m *Manager) stopLocked(ctx context.Context, name string, o StopOptions) error {
+	if o.Timeout == 0 {
+		o.Timeout = 2 * time.Minute
+	}
+	dom := libvirt.DomainName(name)
+	var errs []error
+	state, err := m.Hypervisor.State(ctx, dom)
+	if err != nil && !errors.Is(err, libvirt.ErrNotFound) {
+		errs = append(errs, err)
+	}
+	if err == nil && state.Active() {
+		if o.Force {
+			m.progress("stopping %s: powering off", name)
+			if err := m.Hypervisor.DestroyDomain(ctx, dom); err != nil {
+				errs = append(errs, err)
+			}
+		} else {
+			m.progress("stopping %s: ACPI shutdown (up to %s)", name, o.Timeout)
+			if err := m.Hypervisor.ShutdownDomain(ctx, dom); err != nil {
+				errs = append(errs, err)
+			} else {
+				wctx, cancel := context.WithTimeout(ctx, o.Timeout)
+				err := m.Hypervisor.WaitShutoff(wctx, dom, 500*time.Millisecond)
+				cancel()
+				if err != nil {
+					// The guest keeps running; leave its filters up so it
+					// stays contained, and tell the user how to force it.
+					return fmt.Errorf("stopping %s: the guest did not shut down within %s (use --force to power it off): %w", name, o.Timeout, err)
+				}
+			}
+		}
+	}
+	if err := m.Daemon.Stop(ctx, name); err != nil {
+		errs = append(errs, fmt.Errorf("stopping filter daemon: %w", err))
+	}
+	if err := m.Hypervisor.DestroyNetwork(ctx, libvirt.NetworkName(name)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("stopping %s: %w", name, err)
+	}
+	return nil
+}
+
+// Remove deletes an instance: libvirt objects, firewall chain and files. A
+// running instance is refused unless force, which powers it off first.
+func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
+	unlock, err := lockFile(FilesOf(m.Layout, name).Lock)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	st, err := Load(m.Layout, name)
+	if err != nil {
+		return err
+	}
+	dom := libvirt.DomainName(name)
+	state, err := m.Hypervisor.State(ctx, dom)
+	if err != nil && !errors.Is(err, libvirt.ErrNotFound) {
+		return err
+	}
+	if (err == nil && state.Active()) || m.Daemon.PID(name) != 0 {
+		if !force {
+			return fmt.Errorf("removing %s: it is running; stop it first (abox stop %s) or use --force", name, name)
+		}
+		if err := m.stopLocked(ctx, name, StopOptions{Force: true}); err != nil {
+			return err
+		}
+	}
+	var errs []error
+	m.progress("removing %s", name)
+	if err := m.Hypervisor.UndefineDomain(ctx, dom); err != nil {
+		errs = append(errs, err)
+	}
+	if err := m.Hypervisor.UndefineNWFilter(ctx, libvirt.FilterName(name)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := m.Hypervisor.DestroyNetwork(ctx, libvirt.NetworkName(name)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := m.Hypervisor.UndefineNetwork(ctx, libvirt.NetworkName(name)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := m.Firewall.Remove(ctx, st.Bridge); err != nil {
+		errs = append(errs, fmt.Errorf("host firewall: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		// Keep the files so that a retry can finish the job.
+		return fmt.Errorf("removing %s: %w (files kept; run remove again)", name, err)
+	}
+	if err := os.RemoveAll(FilesOf(m.Layout, name).Dir); err != nil {
+		return fmt.Errorf("removing %s: %w", name, err)
+	}
+	return nil
+}
+
+// Info is what list and status show.
+type Info struct {
+	State
+	Status string `json:"status"`
+	// DaemonPID is the filter daemon supervisor's pid, 0 when not running.
+	DaemonPID int `json:"daemon_pid"`
+}
+
+// Describe returns the instance with its live status.
+func (m *Manager) Describe(ctx context.Context, name string) (Info, error) {
+	st, err := Load(m.Layout, name)
+	if err != nil {
+		return Info{}, err
+	}
+	return m.describe(ctx, st), nil
+}
+
+func (m *Manager) describe(ctx context.Context, st State) Info {
+	inf := Info{State: st, Status: "unknown", DaemonPID: m.Daemon.PID(st.Name)}
+	if m.Hypervisor != nil {
+		s, err := m.Hypervisor.State(ctx, libvirt.DomainName(st.Name))
+		switch {
+		case errors.Is(err, libvirt.ErrNotFound):
+			inf.Status = "missing"
+		case err == nil:
+			inf.Status = string(s)
+		}
+	}
+	return inf
+}
+
+// List describes every instance.
+func (m *Manager) List(ctx context.Context) ([]Info, error) {
+	sts, err := ListStates(m.Layout)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Info, 0, len(sts))
+	for _, st := range sts {
+		out = append(out, m.describe(ctx, st))
+	}
+	return out, nil
+}

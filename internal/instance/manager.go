@@ -1,0 +1,87 @@
+package instance
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/abox-dev/abox/internal/image"
+	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/paths"
+)
+
+// Hypervisor is the part of the libvirt client the orchestrator uses.
+type Hypervisor interface {
+	DefineNetwork(ctx context.Context, xml string) error
+	StartNetwork(ctx context.Context, name string) error
+	DestroyNetwork(ctx context.Context, name string) error
+	UndefineNetwork(ctx context.Context, name string) error
+	ListNetworks(ctx context.Context) ([]libvirt.NetworkInfo, error)
+	DefineNWFilter(ctx context.Context, xml string) error
+	UndefineNWFilter(ctx context.Context, name string) error
+	DefineDomain(ctx context.Context, xml string) error
+	StartDomain(ctx context.Context, name string) error
+	ShutdownDomain(ctx context.Context, name string) error
+	WaitShutoff(ctx context.Context, name string, interval time.Duration) error
+	DestroyDomain(ctx context.Context, name string) error
+	UndefineDomain(ctx context.Context, name string) error
+	State(ctx context.Context, name string) (libvirt.DomainState, error)
+}
+
+// Firewall owns the per-bridge host FORWARD default-deny chain.
+type Firewall interface {
+	Ensure(ctx context.Context, bridge string) error
+	Remove(ctx context.Context, bridge string) error
+}
+
+// Runner runs host programs (qemu-img, genisoimage, ip).
+type Runner interface {
+	Run(ctx context.Context, name string, args ...string) ([]byte, error)
+}
+
+// Images is the part of the image store the orchestrator uses.
+type Images interface {
+	Get(name string) (image.Image, error)
+}
+
+// Manager composes everything an instance's life needs. All fields are
+// required unless marked optional.
+type Manager struct {
+	Layout paths.Layout
+	// Hypervisor is opened lazily by the caller; nil operations that need it fail.
+	Hypervisor Hypervisor
+	Firewall   Firewall
+	Images     Images
+	Run        Runner
+	Daemon     DaemonControl
+	Seeds      SeedWriter
+	Log        *slog.Logger
+	// Progress receives human progress lines (stderr); optional.
+	Progress io.Writer
+	// Pool is the address pool instance /24s are taken from.
+	Pool string
+}
+
+func (m *Manager) progress(format string, args ...any) {
+	if m.Progress != nil {
+		fmt.Fprintf(m.Progress, format+"\n", args...)
+	}
+}
+
+// hostHasWorkingKVM decides "auto": /dev/kvm must be usable, and the host
+// must not be a PVM-style nested guest, where KVM is advertised but a stock
+// kernel hangs right after the decompressor (LAB.md).
+func hostHasWorkingKVM() bool {
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	f.Close()
+	if _, err := os.Stat("/sys/module/kvm_pvm"); err == nil {
+		return false
+	}
+	return true
+}

@@ -1,0 +1,208 @@
+// Package instance orchestrates an instance's life: create, start, stop and
+// remove, composing the hypervisor, the host firewall, the image store and
+// the filter daemon, and rolling back partial work on failure.
+package instance
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/abox-dev/abox/internal/fsutil"
+	"github.com/abox-dev/abox/internal/paths"
+	"github.com/abox-dev/abox/internal/validate"
+)
+
+// StateFile is written last at create, so a directory without it is a
+// creation in progress (or an interrupted one) and is not an instance.
+const StateFile = "instance.json"
+
+// Default resource and network settings.
+const (
+	DefaultCPUs      = 2
+	DefaultMemoryMiB = 1024
+	DefaultDiskGiB   = 10
+	DefaultUser      = "abox"
+	DefaultProxyPort = 3128
+	DefaultPool      = "10.10.0.0/16"
+)
+
+// State is an instance's persistent definition. It is written atomically and
+// only under the instance lock.
+type State struct {
+	Name      string    `json:"name"`
+	UUID      string    `json:"uuid"`
+	CreatedAt time.Time `json:"created_at"`
+
+	Base      string `json:"base"`
+	CPUs      uint   `json:"cpus"`
+	MemoryMiB uint   `json:"memory_mib"`
+	DiskGiB   uint   `json:"disk_gib"`
+	User      string `json:"user"`
+	// Accel is the decided accelerator ("kvm" or "tcg"), never "auto".
+	Accel string `json:"accel"`
+
+	Subnet  netip.Prefix `json:"subnet"`
+	Gateway netip.Addr   `json:"gateway"`
+	GuestIP netip.Addr   `json:"guest_ip"`
+	Bridge  string       `json:"bridge"`
+	MAC     string       `json:"mac"`
+
+	ProxyPort uint16 `json:"proxy_port"`
+	// Upstreams are the resolvers the filters use; empty means the host's.
+	Upstreams []string `json:"upstreams,omitempty"`
+	// AllowPrivate are address ranges the filters may let the guest reach.
+	AllowPrivate []netip.Prefix `json:"allow_private,omitempty"`
+	// NoMITM turns TLS interception off (CONNECT becomes a checked tunnel).
+	NoMITM         bool     `json:"no_mitm,omitempty"`
+	MITMExceptions []string `json:"mitm_exceptions,omitempty"`
+	// Ports are the destination ports the proxy allows; empty means 80, 443.
+	Ports []uint16 `json:"ports,omitempty"`
+	// UpstreamCA is a PEM bundle the proxy trusts for origins besides the
+	// system roots (a copy inside the instance directory), or empty.
+	UpstreamCA string `json:"upstream_ca,omitempty"`
+	// Template is a user domain template that replaces the hardened domain.
+	Template string `json:"template,omitempty"`
+	// Kernel boot of the base image, copied at create so the instance does
+	// not change when the base is re-imported.
+	Kernel  string `json:"kernel,omitempty"`
+	Initrd  string `json:"initrd,omitempty"`
+	Cmdline string `json:"cmdline,omitempty"`
+}
+
+// Files of an instance directory.
+type Files struct {
+	Dir        string
+	State      string
+	Disk       string
+	Seed       string
+	SSHKey     string // private key, 0600
+	KnownHosts string
+	SerialLog  string
+	Allowlist  string
+	CADir      string
+	KeyLog     string
+	LogsDir    string
+	RunDir     string
+	APISocket  string
+	DaemonPID  string
+	DaemonLog  string
+	Lock       string
+}
+
+// FilesOf names the files of instance name.
+func FilesOf(l paths.Layout, name string) Files {
+	dir := l.InstanceDir(name)
+	return Files{
+		Dir:        dir,
+		State:      filepath.Join(dir, StateFile),
+		Disk:       filepath.Join(dir, "disk.qcow2"),
+		Seed:       filepath.Join(dir, "seed.iso"),
+		SSHKey:     filepath.Join(dir, "ssh", "id_ed25519"),
+		KnownHosts: filepath.Join(dir, "ssh", "known_hosts"),
+		SerialLog:  filepath.Join(l.LogsDir(name), "serial.log"),
+		Allowlist:  l.Allowlist(name),
+		CADir:      l.CADir(name),
+		KeyLog:     l.KeyLog(name),
+		LogsDir:    l.LogsDir(name),
+		RunDir:     l.RunDir(name),
+		APISocket:  l.APISocket(name),
+		DaemonPID:  filepath.Join(l.RunDir(name), "daemon.pid"),
+		DaemonLog:  filepath.Join(l.LogsDir(name), "daemon.log"),
+		Lock:       filepath.Join(dir, ".lock"),
+	}
+}
+
+// ErrNotFound means no instance of that name exists.
+var ErrNotFound = errors.New("no such instance")
+
+// Load reads an instance's state.
+func Load(l paths.Layout, name string) (State, error) {
+	if err := validate.InstanceName(name); err != nil {
+		return State{}, err
+	}
+	b, err := os.ReadFile(FilesOf(l, name).State)
+	if errors.Is(err, fs.ErrNotExist) {
+		return State{}, fmt.Errorf("instance %s: %w", name, ErrNotFound)
+	}
+	if err != nil {
+		return State{}, fmt.Errorf("reading instance %s: %w", name, err)
+	}
+	var s State
+	if err := json.Unmarshal(b, &s); err != nil {
+		return State{}, fmt.Errorf("reading instance %s: %s is damaged: %w", name, StateFile, err)
+	}
+	if s.Name != name {
+		return State{}, fmt.Errorf("reading instance %s: %s names %q", name, StateFile, s.Name)
+	}
+	return s, nil
+}
+
+// Save writes the state atomically.
+func Save(l paths.Layout, s State) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return fmt.Errorf("saving instance %s: %w", s.Name, err)
+	}
+	return fsutil.WriteFileAtomic(FilesOf(l, s.Name).State, append(b, '\n'), 0o644)
+}
+
+// ListStates returns every instance, sorted by name.
+func ListStates(l paths.Layout) ([]State, error) {
+	entries, err := os.ReadDir(l.Instances())
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing instances: %w", err)
+	}
+	var out []State
+	for _, e := range entries {
+		if !e.IsDir() || validate.InstanceName(e.Name()) != nil {
+			continue
+		}
+		s, err := Load(l, e.Name())
+		if errors.Is(err, ErrNotFound) {
+			continue // a creation in progress, or a standalone filter's directory
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// lockFile takes an exclusive flock on path, creating it. The lock is held
+// until the returned function is called (or the process dies, so a crash
+// never leaves a stale lock).
+func lockFile(path string) (func(), error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	return func() {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+// globalLock serialises allocation of names, subnets, bridges and MACs.
+func globalLock(l paths.Layout) (func(), error) {
+	return lockFile(filepath.Join(l.Root, ".lock"))
+}

@@ -1,0 +1,105 @@
+// Command testorigin is a small origin server for abox's demo and VM
+// end-to-end tests: it answers HTTP and HTTPS (with a certificate from a CA it
+// writes to --ca-out) with a fixed body naming the request, so tests can tell
+// which origin answered and what reached it.
+package main
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"flag"
+	"fmt"
+	"log"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+)
+
+func main() {
+	httpAddr := flag.String("http", ":80", "plain HTTP listen address (empty: none)")
+	httpsAddr := flag.String("https", ":443", "HTTPS listen address (empty: none)")
+	names := flag.String("names", "localhost", "comma-separated DNS names and IPs for the certificate")
+	caOut := flag.String("ca-out", "", "write the CA certificate (PEM) here")
+	body := flag.String("body", "hello from testorigin", "response body prefix")
+	flag.Parse()
+
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		fmt.Fprintf(w, "%s: %s %s host=%s proto=%s\n", *body, r.Method, r.URL.Path, r.Host, r.Proto)
+	})
+	errc := make(chan error, 2)
+	if *httpAddr != "" {
+		ln, err := net.Listen("tcp", *httpAddr)
+		if err != nil {
+			log.Fatal(err)
+		}
+		go func() { errc <- http.Serve(ln, h) }()
+	}
+	if *httpsAddr != "" {
+		cert, caPEM, err := makeCert(strings.Split(*names, ","))
+		if err != nil {
+			log.Fatal(err)
+		}
+		if *caOut != "" {
+			if err := os.WriteFile(*caOut, caPEM, 0o644); err != nil {
+				log.Fatal(err)
+			}
+		}
+		ln, err := tls.Listen("tcp", *httpsAddr, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}})
+		if err != nil {
+			log.Fatal(err)
+		}
+		srv := &http.Server{Handler: h}
+		go func() { errc <- srv.Serve(ln) }()
+	}
+	fmt.Fprintln(os.Stderr, "testorigin: ready")
+	log.Fatal(<-errc)
+}
+
+func makeCert(names []string) (tls.Certificate, []byte, error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "testorigin CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	leaf := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
+	}
+	for _, n := range names {
+		if ip := net.ParseIP(n); ip != nil {
+			leaf.IPAddresses = append(leaf.IPAddresses, ip)
+		} else {
+			leaf.DNSNames = append(leaf.DNSNames, n)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		return tls.Certificate{}, nil, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key},
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), nil
+}
