@@ -216,23 +216,61 @@ func pipe(a, b net.Conn) (ab, ba int64) {
 	return ab, ba
 }
 
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, bigBuf); return &b }}
 
+const (
+	smallBuf = 2 << 10
+	bigBuf   = 64 << 10
+)
+
+// copyHalf copies src to dst, then half-closes dst. An idle tunnel should
+// cost little, so a direction starts with a small buffer and takes a large
+// pooled one only while reads fill the small one (a bulk transfer); the
+// large buffer goes back to the pool as soon as the flow slows down.
 func copyHalf(dst, src net.Conn) int64 {
-	bp := copyBufs.Get().(*[]byte)
-	defer copyBufs.Put(bp)
-	n, err := io.CopyBuffer(writerOnly{dst}, readerOnly{src}, *bp)
+	small := make([]byte, smallBuf)
+	buf := small
+	var big *[]byte
+	defer func() {
+		if big != nil {
+			copyBufs.Put(big)
+		}
+	}()
+	var total int64
+	var err error
+	for {
+		var n int
+		n, err = src.Read(buf)
+		if n > 0 {
+			w, werr := dst.Write(buf[:n])
+			total += int64(w)
+			if werr != nil {
+				err = werr
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+		switch {
+		case big == nil && n == len(buf):
+			big = copyBufs.Get().(*[]byte)
+			buf = *big
+		case big != nil && n < smallBuf:
+			copyBufs.Put(big)
+			big, buf = nil, small
+		}
+	}
+	if err == io.EOF {
+		err = nil
+	}
 	if err != nil || closeWrite(dst) != nil {
 		dst.Close()
 		src.Close()
 	}
-	return n
+	return total
 }
 
-// readerOnly and writerOnly hide ReadFrom/WriteTo so io.CopyBuffer goes
-// through the wrappers' Read and Write, which keep the idle clock running.
-type readerOnly struct{ io.Reader }
-type writerOnly struct{ io.Writer }
 
 func closeWrite(c net.Conn) error {
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {

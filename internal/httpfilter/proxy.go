@@ -207,7 +207,9 @@ func New(cfg Config) (*Proxy, error) {
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:       p.rewrite,
 		Transport:     p.transport,
-		FlushInterval: -1, // stream everything as it arrives (SSE, long polls)
+		// 0: ReverseProxy itself flushes every write of SSE and of bodies of
+		// unknown length (streams, long polls); known lengths are buffered.
+		FlushInterval: 0,
 		ErrorHandler:  p.upstreamError,
 		ErrorLog:      log.New(io.Discard, "", 0),
 		BufferPool:    bufferPool{},

@@ -1,0 +1,457 @@
+// Command benchhttp measures the HTTP filter against direct connections to
+// the same loopback origins, in the same run: requests per second and
+// p50/p99 latency for plain HTTP, CONNECT tunnels and intercepted HTTPS (a
+// new connection per request, and keep-alive), MB/s of one large body, and
+// the proxy's memory per 1,000 open tunnels.
+//
+//	go run ./tools/benchhttp -clients 8 -duration 1500ms
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/abox-dev/abox/internal/ca"
+	"github.com/abox-dev/abox/internal/httpfilter"
+	"github.com/abox-dev/abox/internal/netclass"
+	"github.com/abox-dev/abox/internal/policy"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "benchhttp: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	clients  int
+	duration time.Duration
+	bigSize  int64
+	tunnels  int
+	logMode  string
+	only     string
+}
+
+// loopback resolves every name to 127.0.0.1, as a DNS upstream would.
+type loopback struct{}
+
+func (loopback) LookupNetIP(context.Context, string) ([]netip.Addr, error) {
+	return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+}
+
+type zeros struct{ n int64 }
+
+func (z *zeros) Read(p []byte) (int, error) {
+	if z.n <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > z.n {
+		p = p[:z.n]
+	}
+	clear(p)
+	z.n -= int64(len(p))
+	return len(p), nil
+}
+
+type env struct {
+	o          options
+	dir        string
+	httpOrigin *httptest.Server
+	tlsOrigin  *httptest.Server
+	proxyURL   *url.URL
+	proxyRoots *x509.CertPool
+	origRoots  *x509.CertPool
+	proxy      *httpfilter.Proxy
+}
+
+func run() error {
+	var o options
+	flag.IntVar(&o.clients, "clients", 8, "concurrent clients, one request in flight each")
+	flag.DurationVar(&o.duration, "duration", 1500*time.Millisecond, "measuring time per scenario and path")
+	flag.Int64Var(&o.bigSize, "big", 1<<30, "bytes of the large-body transfer")
+	flag.IntVar(&o.tunnels, "tunnels", 1000, "open tunnels for the memory figure")
+	flag.StringVar(&o.logMode, "log", "file", "decision log of the proxy: file (a JSON line per request to a temp file, as `abox http serve --log-file`) or none")
+	flag.StringVar(&o.only, "only", "", "run only this part: rps, mbps or memory")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to FILE")
+	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	dir, err := os.MkdirTemp("", "benchhttp-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	e := &env{o: o, dir: dir}
+	stop, err := e.start()
+	if err != nil {
+		return err
+	}
+	defer stop()
+
+	tlsPort := portOf(e.tlsOrigin.URL)
+	if o.only == "" || o.only == "rps" {
+		e.rps(tlsPort)
+	}
+	if o.only == "" || o.only == "mbps" {
+		e.mbps(tlsPort)
+	}
+	if o.only != "" && o.only != "memory" {
+		return nil
+	}
+	direct, proxied, err := e.tunnelMemory(tlsPort)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("memory for %d open TLS connections (heap+stacks, client and origin included): direct %.1f MiB, through tunnels %.1f MiB\n",
+		o.tunnels, mib(direct), mib(proxied))
+	fmt.Printf("proxy memory per 1,000 open tunnels: %.1f MiB\n", mib(proxied-direct)*1000/float64(o.tunnels))
+	return nil
+}
+
+func (e *env) rps(tlsPort string) {
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "scenario\tconn\tdirect req/s\tproxy req/s\tratio\tdirect p50\tdirect p99\tproxy p50\tproxy p99\tgoal\t\n")
+	httpURL := "http://plain.bench:" + portOf(e.httpOrigin.URL) + "/"
+	for _, keep := range []bool{true, false} {
+		conn := "keep-alive"
+		if !keep {
+			conn = "new"
+		}
+		d := e.measure(e.client(keep, false, nil), httpURL)
+		p := e.measure(e.client(keep, true, nil), httpURL)
+		row(tw, "plain HTTP", conn, d, p, 0.5)
+		dt := e.measure(e.client(keep, false, e.origRoots), "https://mitm.bench:"+tlsPort+"/")
+		p = e.measure(e.client(keep, true, e.origRoots), "https://tunnel.bench:"+tlsPort+"/")
+		row(tw, "CONNECT tunnel", conn, dt, p, 0)
+		p = e.measure(e.client(keep, true, e.proxyRoots), "https://mitm.bench:"+tlsPort+"/")
+		row(tw, "intercepted HTTPS", conn, dt, p, 0)
+	}
+	tw.Flush()
+	fmt.Println()
+}
+
+func (e *env) mbps(tlsPort string) {
+	o := e.o
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "large body (%d MiB)\tdirect MB/s\tproxy MB/s\tratio\tgoal\t\n", o.bigSize>>20)
+	big := "/big?n=" + strconv.FormatInt(o.bigSize, 10)
+	d := e.throughput(e.client(true, false, nil), "http://plain.bench:"+portOf(e.httpOrigin.URL)+big)
+	p := e.throughput(e.client(true, true, nil), "http://plain.bench:"+portOf(e.httpOrigin.URL)+big)
+	fmt.Fprintf(tw, "plain HTTP\t%.0f\t%.0f\t%.2f\t\t\n", d, p, p/d)
+	d = e.throughput(e.client(true, false, e.origRoots), "https://mitm.bench:"+tlsPort+big)
+	p = e.throughput(e.client(true, true, e.origRoots), "https://tunnel.bench:"+tlsPort+big)
+	fmt.Fprintf(tw, "CONNECT tunnel\t%.0f\t%.0f\t%.2f\t%s\t\n", d, p, p/d, goal(p/d, 0.9))
+	p = e.throughput(e.client(true, true, e.proxyRoots), "https://mitm.bench:"+tlsPort+big)
+	fmt.Fprintf(tw, "intercepted HTTPS\t%.0f\t%.0f\t%.2f\t%s\t\n", d, p, p/d, goal(p/d, 0.5))
+	tw.Flush()
+	fmt.Println()
+}
+
+func mib(b uint64) float64 { return float64(b) / (1 << 20) }
+
+func goal(r, want float64) string {
+	if want == 0 {
+		return ""
+	}
+	if r >= want {
+		return fmt.Sprintf(">=%.1f ok", want)
+	}
+	return fmt.Sprintf(">=%.1f MISSED", want)
+}
+
+func row(tw io.Writer, name, conn string, d, p result, want float64) {
+	fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%.2f\t%v\t%v\t%v\t%v\t%s\t\n", name, conn, d.rps, p.rps, p.rps/d.rps,
+		d.p50.Round(time.Microsecond), d.p99.Round(time.Microsecond), p.p50.Round(time.Microsecond), p.p99.Round(time.Microsecond), goal(p.rps/d.rps, want))
+}
+
+func portOf(u string) string {
+	pu, _ := url.Parse(u)
+	return pu.Port()
+}
+
+func (e *env) start() (func(), error) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello, bench\n") })
+	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
+		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+		io.Copy(w, &zeros{n})
+	})
+	origCA, err := ca.New(ca.Config{Dir: filepath.Join(e.dir, "origin-ca"), Name: "bench origins"})
+	if err != nil {
+		return nil, err
+	}
+	oc, err := origCA.Certificate()
+	if err != nil {
+		return nil, err
+	}
+	e.origRoots = x509.NewCertPool()
+	e.origRoots.AddCert(oc)
+	e.httpOrigin = httptest.NewServer(mux)
+	e.tlsOrigin = httptest.NewUnstartedServer(mux)
+	e.tlsOrigin.TLS = &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return origCA.Leaf(h.ServerName) }}
+	e.tlsOrigin.StartTLS()
+
+	al := filepath.Join(e.dir, "allow.txt")
+	os.WriteFile(al, []byte("mitm.bench\ntunnel.bench\nplain.bench\n"), 0o644)
+	pol, err := policy.New(policy.Config{AllowlistPath: al})
+	if err != nil {
+		return nil, err
+	}
+	proxyCA, err := ca.New(ca.Config{Dir: filepath.Join(e.dir, "ca")})
+	if err != nil {
+		return nil, err
+	}
+	pem, err := proxyCA.CertPEM()
+	if err != nil {
+		return nil, err
+	}
+	e.proxyRoots = x509.NewCertPool()
+	e.proxyRoots.AppendCertsFromPEM(pem)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(filepath.Join(e.dir, "decisions.log"))
+	if err != nil {
+		return nil, err
+	}
+	var dlog *slog.Logger
+	if e.o.logMode == "file" {
+		dlog = slog.New(slog.NewJSONHandler(logf, nil)) // as `abox http serve --log-file`
+	}
+	hp, _ := strconv.Atoi(portOf(e.httpOrigin.URL))
+	tp, _ := strconv.Atoi(portOf(e.tlsOrigin.URL))
+	e.proxy, err = httpfilter.New(httpfilter.Config{
+		Listener:       ln,
+		Policy:         pol,
+		Resolver:       loopback{},
+		Addresses:      netclass.NewPolicy([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, nil),
+		Ports:          []uint16{uint16(hp), uint16(tp)},
+		CA:             proxyCA,
+		MITMExceptions: []string{"tunnel.bench"},
+		UpstreamRoots:  e.origRoots,
+		DecisionLog:    dlog,
+		MaxConns:       4 * e.o.tunnels,
+	})
+	if err != nil {
+		return nil, err
+	}
+	e.proxyURL = &url.URL{Scheme: "http", Host: ln.Addr().String()}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.proxy.Serve(ctx) }()
+	return func() {
+		cancel()
+		<-done
+		e.httpOrigin.Close()
+		e.tlsOrigin.Close()
+		logf.Close()
+	}, nil
+}
+
+// client builds a transport; roots nil means plain HTTP. Direct clients dial
+// 127.0.0.1 whatever the name, as the proxy does after its lookup.
+func (e *env) client(keepAlive, viaProxy bool, roots *x509.CertPool) *http.Client {
+	tr := &http.Transport{
+		DisableKeepAlives:   !keepAlive,
+		MaxIdleConnsPerHost: e.o.clients,
+		TLSNextProto:        map[string]func(string, *tls.Conn) http.RoundTripper{}, // HTTP/1.1 on both paths
+		TLSClientConfig:     &tls.Config{RootCAs: roots, ClientSessionCache: nil},
+	}
+	if viaProxy {
+		tr.Proxy = http.ProxyURL(e.proxyURL)
+	} else {
+		var d net.Dialer
+		tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			_, port, _ := net.SplitHostPort(addr)
+			return d.DialContext(ctx, network, net.JoinHostPort("127.0.0.1", port))
+		}
+	}
+	return &http.Client{Transport: tr}
+}
+
+type result struct {
+	rps      float64
+	p50, p99 time.Duration
+}
+
+func (e *env) measure(c *http.Client, u string) result {
+	defer c.CloseIdleConnections()
+	// Warm up: connections, certificate cache.
+	for i := 0; i < 20; i++ {
+		get(c, u)
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		lat   []time.Duration
+		count atomic.Int64
+	)
+	deadline := time.Now().Add(e.o.duration)
+	start := time.Now()
+	for i := 0; i < e.o.clients; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			for time.Now().Before(deadline) {
+				t0 := time.Now()
+				if err := get(c, u); err != nil {
+					fmt.Fprintf(os.Stderr, "benchhttp: %s: %v\n", u, err)
+					return
+				}
+				mine = append(mine, time.Since(t0))
+				count.Add(1)
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	slices.Sort(lat)
+	r := result{rps: float64(count.Load()) / el.Seconds()}
+	if len(lat) > 0 {
+		r.p50 = lat[len(lat)/2]
+		r.p99 = lat[len(lat)*99/100]
+	}
+	return r
+}
+
+func get(c *http.Client, u string) error {
+	resp, err := c.Get(u)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return err
+}
+
+func (e *env) throughput(c *http.Client, u string) float64 {
+	defer c.CloseIdleConnections()
+	start := time.Now()
+	resp, err := c.Get(u)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "benchhttp: %v\n", err)
+		return 0
+	}
+	n, _ := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return float64(n) / time.Since(start).Seconds() / 1e6
+}
+
+// tunnelMemory opens n TLS connections to the origin directly, then n
+// through CONNECT tunnels, and reports the in-use memory each added.
+func (e *env) tunnelMemory(port string) (direct, proxied uint64, err error) {
+	open := func(viaProxy bool) (uint64, error) {
+		base := inUse()
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for i := 0; i < e.o.tunnels; i++ {
+			var c net.Conn
+			var err error
+			if viaProxy {
+				c, err = connect(e.proxyURL.Host, "tunnel.bench:"+port)
+			} else {
+				c, err = net.Dial("tcp", "127.0.0.1:"+port)
+			}
+			if err != nil {
+				return 0, err
+			}
+			tc := tls.Client(c, &tls.Config{RootCAs: e.origRoots, ServerName: "tunnel.bench"})
+			if err := tc.Handshake(); err != nil {
+				c.Close()
+				return 0, err
+			}
+			conns = append(conns, tc)
+		}
+		time.Sleep(200 * time.Millisecond)
+		return inUse() - min(base, inUse()), nil
+	}
+	if direct, err = open(false); err != nil {
+		return 0, 0, err
+	}
+	time.Sleep(300 * time.Millisecond)
+	if proxied, err = open(true); err != nil {
+		return 0, 0, err
+	}
+	return direct, proxied, nil
+}
+
+func inUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse + m.StackInuse
+}
+
+func connect(proxy, authority string) (net.Conn, error) {
+	c, err := net.Dial("tcp", proxy)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", authority, authority)
+	buf := make([]byte, 0, 64)
+	one := make([]byte, 1)
+	for !endsWith(buf, "\r\n\r\n") {
+		if _, err := c.Read(one); err != nil {
+			c.Close()
+			return nil, err
+		}
+		buf = append(buf, one[0])
+		if len(buf) > 1024 {
+			c.Close()
+			return nil, errors.New("CONNECT response too long")
+		}
+	}
+	if len(buf) < 12 || string(buf[9:12]) != "200" {
+		c.Close()
+		return nil, fmt.Errorf("CONNECT %s: %q", authority, buf)
+	}
+	return c, nil
+}
+
+func endsWith(b []byte, s string) bool {
+	return len(b) >= len(s) && string(b[len(b)-len(s):]) == s
+}
