@@ -271,7 +271,6 @@ func copyHalf(dst, src net.Conn) int64 {
 	return total
 }
 
-
 func closeWrite(c net.Conn) error {
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()

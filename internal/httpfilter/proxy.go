@@ -205,8 +205,8 @@ func New(cfg Config) (*Proxy, error) {
 		DisableCompression: true,
 	}
 	p.rp = &httputil.ReverseProxy{
-		Rewrite:       p.rewrite,
-		Transport:     p.transport,
+		Rewrite:   p.rewrite,
+		Transport: p.transport,
 		// 0: ReverseProxy itself flushes every write of SSE and of bodies of
 		// unknown length (streams, long polls); known lengths are buffered.
 		FlushInterval: 0,
