@@ -69,6 +69,7 @@ func (seedWriter) WriteSeed(ctx context.Context, path string, in instance.SeedIn
 		Name: st.Name, UUID: st.UUID, User: st.User,
 		AuthorizedKey: in.AuthorizedKey, CACertPEM: string(in.CACertPEM),
 		MAC: st.MAC, Subnet: st.Subnet, GuestIP: st.GuestIP, Gateway: st.Gateway, ProxyPort: st.ProxyPort,
+		HostKeyPEM: string(in.HostKeyPEM), HostPublicKey: in.HostPublicKey,
 	})
 	if err != nil {
 		return err

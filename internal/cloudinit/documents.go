@@ -22,6 +22,10 @@ type userData struct {
 	SSHPwauth   bool       `yaml:"ssh_pwauth"`
 	CACerts     caCerts    `yaml:"ca_certs"`
 	WriteFiles  []fileSpec `yaml:"write_files"`
+	// SSHKeys installs the host key generated at create, whose public half
+	// abox pins in known_hosts: the first connection is already verified.
+	SSHKeys      map[string]string `yaml:"ssh_keys,omitempty"`
+	SSHDeleteKey bool              `yaml:"ssh_deletekeys"`
 }
 
 type user struct {
@@ -187,9 +191,10 @@ func UserData(c Config) ([]byte, error) {
 				SSHAuthorizedKeys: []string{c.AuthorizedKey},
 			},
 		},
-		DisableRoot: true,
-		SSHPwauth:   false,
-		CACerts:     caCerts{Trusted: []string{strings.TrimSpace(c.CACertPEM) + "\n"}},
+		DisableRoot:  true,
+		SSHPwauth:    false,
+		SSHDeleteKey: true,
+		CACerts:      caCerts{Trusted: []string{strings.TrimSpace(c.CACertPEM) + "\n"}},
 		WriteFiles: []fileSpec{
 			{Path: "/etc/profile.d/abox-proxy.sh", Owner: "root:root", Permissions: "0644", Content: profile.String()},
 			// Appended: images may already set PATH or locale here.
@@ -203,6 +208,12 @@ func UserData(c Config) ([]byte, error) {
 			{Path: "/etc/gitconfig", Owner: "root:root", Permissions: "0644", Content: fmt.Sprintf(
 				"[http]\n\tproxy = %s\n\tsslCAInfo = %s\n", u, systemCABundle)},
 		},
+	}
+	if c.HostKeyPEM != "" {
+		ud.SSHKeys = map[string]string{
+			"ed25519_private": strings.TrimSpace(c.HostKeyPEM) + "\n",
+			"ed25519_public":  strings.TrimSpace(c.HostPublicKey),
+		}
 	}
 	b, err := marshal(ud, "#cloud-config\n")
 	if err != nil {

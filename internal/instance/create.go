@@ -166,8 +166,24 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 	}()
 
 	m.progress("creating %s: subnet %s, bridge %s, accel %s", st.Name, st.Subnet, st.Bridge, st.Accel)
-	for _, d := range []string{f.Dir, filepath.Dir(f.SSHKey), f.LogsDir, f.RunDir} {
-		if err = os.MkdirAll(d, 0o700); err != nil {
+	// QEMU runs as an unprivileged user: it must traverse the data root and
+	// the instance directory to its disk, seed and serial log, and nothing
+	// more. Keys, the CA and the API socket stay in 0700 directories.
+	for _, d := range []struct {
+		path string
+		perm os.FileMode
+	}{{m.Layout.Root, 0}, {m.Layout.Instances(), 0}, {f.Dir, 0o711}, {f.LogsDir, 0o711}, {filepath.Dir(f.SSHKey), 0o700}, {f.RunDir, 0o700}} {
+		err = os.MkdirAll(d.path, 0o711)
+		if err == nil && d.perm == 0 {
+			// Directories we may not own: only add the search bits.
+			var fi os.FileInfo
+			if fi, err = os.Stat(d.path); err == nil && fi.Mode().Perm()&0o011 != 0o011 {
+				err = os.Chmod(d.path, fi.Mode().Perm()|0o011)
+			}
+		} else if err == nil {
+			err = os.Chmod(d.path, d.perm)
+		}
+		if err != nil {
 			return State{}, nil, fmt.Errorf("creating %s: %w", st.Name, err)
 		}
 	}

@@ -19,6 +19,8 @@ func SSHArgs(l paths.Layout, st State, command []string) ([]string, error) {
 		"-o", "IdentitiesOnly=yes",
 		"-o", "UserKnownHostsFile=" + f.KnownHosts,
 		"-o", "StrictHostKeyChecking=yes",
+		"-o", "PasswordAuthentication=no",
+		"-o", "KbdInteractiveAuthentication=no",
 		"-o", "ConnectTimeout=10",
 		"-o", "LogLevel=ERROR",
 		st.User + "@" + st.GuestIP.String(),

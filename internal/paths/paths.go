@@ -12,11 +12,18 @@ import (
 // EnvHome overrides the data root.
 const EnvHome = "ABOX_HOME"
 
-// Home returns the data root: $ABOX_HOME, else $XDG_DATA_HOME/abox, else
-// ~/.local/share/abox.
+// RootHome is the data root of root. QEMU runs as an unprivileged user
+// (libvirt-qemu) that cannot traverse /root, so root's instances live here.
+const RootHome = "/var/lib/abox"
+
+// Home returns the data root: $ABOX_HOME, else /var/lib/abox for root, else
+// $XDG_DATA_HOME/abox, else ~/.local/share/abox.
 func Home() (string, error) {
 	if h := os.Getenv(EnvHome); h != "" {
 		return filepath.Abs(h)
+	}
+	if os.Geteuid() == 0 {
+		return RootHome, nil
 	}
 	if x := os.Getenv("XDG_DATA_HOME"); x != "" {
 		return filepath.Join(x, "abox"), nil
