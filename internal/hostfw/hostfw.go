@@ -35,6 +35,16 @@ func (ExecRunner) Run(ctx context.Context, name string, args ...string) ([]byte,
 	return stdout.Bytes(), nil
 }
 
+// Table is where the chains live. Not "filter": libvirt's nwfilter driver
+// puts its own jumps (libvirt-in, libvirt-out, libvirt-in-post) at the top
+// of filter/FORWARD when it instantiates a guest's filter, and those ACCEPT
+// whatever the guest's nwfilter lets through, so a chain of ours there is
+// pushed below them and never sees, for example, a routed connection from
+// the LAN to the guest's port 22. mangle/FORWARD is traversed before
+// filter/FORWARD and libvirt leaves it alone, so our DROP always comes
+// first and survives libvirt restarting networks or filters.
+const Table = "mangle"
+
 // ChainPrefix starts every chain abox owns; the rest is the bridge name.
 // iptables allows 28 characters, a bridge at most 15, so names always fit.
 const ChainPrefix = "ABOX-"
@@ -64,7 +74,7 @@ func (f *Firewall) ipt(ctx context.Context, tool string, args ...string) error {
 func (f *Firewall) output(ctx context.Context, tool string, args ...string) ([]byte, error) {
 	// -w 10: wait up to 10 s for the xtables lock, which libvirtd also
 	// takes while it rewrites its own rules, instead of failing at once.
-	return f.run.Run(ctx, tool, append([]string{"-w", "10"}, args...)...)
+	return f.run.Run(ctx, tool, append([]string{"-w", "10", "-t", Table}, args...)...)
 }
 
 // chainRules returns the rules of chain as -S prints them (without the
@@ -147,8 +157,8 @@ func (f *Firewall) Ensure(ctx context.Context, bridge string) error {
 			if ok {
 				continue
 			}
-			// Inserted at the top: accepting rules other software puts
-			// in FORWARD (libvirt's own, Docker's) must not come first.
+			// Inserted at the top: an accepting rule someone else puts in
+			// mangle/FORWARD must not come first.
 			if err := f.ipt(ctx, tool, append([]string{"-I"}, j.rule...)...); err != nil {
 				return fmt.Errorf("ensuring %s %s for %s: %w", tool, j.reason, bridge, err)
 			}

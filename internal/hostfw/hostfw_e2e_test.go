@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 // nsRunner runs every command inside a network namespace, so the test
@@ -59,7 +60,7 @@ func TestE2EInNamespace(t *testing.T) {
 		t.Fatalf("Check = %+v, %v", st, err)
 	}
 	for _, tool := range []string{"iptables", "ip6tables"} {
-		out, err := r.Run(ctx, tool, "-S", "FORWARD")
+		out, err := r.Run(ctx, tool, "-t", "mangle", "-S", "FORWARD")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,7 +69,7 @@ func TestE2EInNamespace(t *testing.T) {
 		if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 			t.Errorf("%s FORWARD:\n%s\nwant:\n%s", tool, out, strings.Join(want, "\n"))
 		}
-		chain, err := r.Run(ctx, tool, "-S", "ABOX-abx-fwtest0")
+		chain, err := r.Run(ctx, tool, "-t", "mangle", "-S", "ABOX-abx-fwtest0")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,7 +80,7 @@ func TestE2EInNamespace(t *testing.T) {
 
 	// Tamper: an ACCEPT in front of the DROP; Check must notice and
 	// Ensure must repair.
-	if _, err := r.Run(ctx, "iptables", "-I", "ABOX-abx-fwtest0", "1", "-j", "ACCEPT"); err != nil {
+	if _, err := r.Run(ctx, "iptables", "-t", "mangle", "-I", "ABOX-abx-fwtest0", "1", "-j", "ACCEPT"); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := fw.Check(ctx, bridge); st.Intact() {
@@ -98,9 +99,101 @@ func TestE2EInNamespace(t *testing.T) {
 		}
 	}
 	for _, tool := range []string{"iptables", "ip6tables"} {
-		out, _ := r.Run(ctx, tool, "-S")
+		out, _ := r.Run(ctx, tool, "-t", "mangle", "-S")
 		if strings.Contains(string(out), "ABOX") {
 			t.Errorf("%s still has abox rules:\n%s", tool, out)
 		}
 	}
+}
+
+// TestE2EForwardedTrafficDropped routes real TCP connections through a
+// namespace acting as the host: a "guest" namespace behind the bridge and
+// a "remote" namespace on another link. Connections across the host work
+// before Ensure, fail in both directions after it, the host itself stays
+// reachable from the guest (the chain is FORWARD only), and everything
+// works again after Remove.
+func TestE2EForwardedTrafficDropped(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	for _, tool := range []string{"ip", "iptables", "ip6tables", "python3", "bash", "timeout"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	ctx := context.Background()
+	id := os.Getpid()
+	host, guest, remote := fmt.Sprintf("abx-fwh-%d", id), fmt.Sprintf("abx-fwg-%d", id), fmt.Sprintf("abx-fwr-%d", id)
+	sh := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", args, err, out)
+		}
+	}
+	for _, ns := range []string{host, guest, remote} {
+		sh("ip", "netns", "add", ns)
+		t.Cleanup(func() {
+			if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
+				t.Errorf("ip netns del %s: %v: %s", ns, err, out)
+			}
+		})
+		sh("ip", "-n", ns, "link", "set", "lo", "up")
+	}
+	const bridge = "abx-fwtest1"
+	sh("ip", "-n", host, "link", "add", bridge, "type", "bridge")
+	sh("ip", "-n", host, "addr", "add", "10.99.1.1/24", "dev", bridge)
+	sh("ip", "-n", host, "link", "set", bridge, "up")
+	sh("ip", "link", "add", "vg0", "netns", guest, "type", "veth", "peer", "name", "vg1", "netns", host)
+	sh("ip", "-n", host, "link", "set", "vg1", "master", bridge, "up")
+	sh("ip", "-n", guest, "addr", "add", "10.99.1.10/24", "dev", "vg0")
+	sh("ip", "-n", guest, "link", "set", "vg0", "up")
+	sh("ip", "-n", guest, "route", "add", "default", "via", "10.99.1.1")
+	sh("ip", "link", "add", "vr0", "netns", remote, "type", "veth", "peer", "name", "vr1", "netns", host)
+	sh("ip", "-n", host, "addr", "add", "10.99.2.1/24", "dev", "vr1")
+	sh("ip", "-n", host, "link", "set", "vr1", "up")
+	sh("ip", "-n", remote, "addr", "add", "10.99.2.10/24", "dev", "vr0")
+	sh("ip", "-n", remote, "link", "set", "vr0", "up")
+	sh("ip", "-n", remote, "route", "add", "default", "via", "10.99.2.1")
+	sh("ip", "netns", "exec", host, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+
+	listen := func(ns, addr string) {
+		cmd := exec.Command("ip", "netns", "exec", ns, "python3", "-m", "http.server", "--bind", addr, "8000")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	}
+	listen(remote, "10.99.2.10")
+	listen(guest, "10.99.1.10")
+	listen(host, "10.99.1.1")
+	connects := func(from, addr string) bool {
+		err := exec.Command("ip", "netns", "exec", from, "timeout", "2", "bash", "-c", "exec 3<>/dev/tcp/"+addr+"/8000").Run()
+		return err == nil
+	}
+	// Wait for the listeners.
+	for i := 0; i < 50 && !(connects(guest, "10.99.2.10") && connects(remote, "10.99.1.10") && connects(guest, "10.99.1.1")); i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+	check := func(stage string, wantForwarded bool) {
+		t.Helper()
+		if got := connects(guest, "10.99.2.10"); got != wantForwarded {
+			t.Errorf("%s: guest -> remote connects = %v, want %v", stage, got, wantForwarded)
+		}
+		if got := connects(remote, "10.99.1.10"); got != wantForwarded {
+			t.Errorf("%s: remote -> guest connects = %v, want %v", stage, got, wantForwarded)
+		}
+		if !connects(guest, "10.99.1.1") {
+			t.Errorf("%s: guest cannot reach the host itself", stage)
+		}
+	}
+	check("before Ensure", true)
+	fw := New(nsRunner{host})
+	if err := fw.Ensure(ctx, bridge); err != nil {
+		t.Fatal(err)
+	}
+	check("after Ensure", false)
+	if err := fw.Remove(ctx, bridge); err != nil {
+		t.Fatal(err)
+	}
+	check("after Remove", true)
 }

@@ -60,10 +60,10 @@ func (f *fakeTables) Run(_ context.Context, name string, args ...string) ([]byte
 	if f.fail != "" && strings.HasPrefix(cmd, f.fail) {
 		return nil, fmt.Errorf("%s: %w", cmd, exitErr(4))
 	}
-	if len(args) < 2 || args[0] != "-w" {
-		return nil, errors.New("fake: missing -w")
+	if len(args) < 4 || args[0] != "-w" || args[2] != "-t" || args[3] != "mangle" {
+		return nil, errors.New("fake: want -w N -t mangle")
 	}
-	args = args[2:]
+	args = args[4:]
 	tables := f.chains[name]
 	verb, chain, rest := args[0], args[1], args[2:]
 	rules, exists := tables[chain]
@@ -234,7 +234,7 @@ func TestEnsureRepairs(t *testing.T) {
 func TestErrorsAreNotAbsence(t *testing.T) {
 	ctx := context.Background()
 	tables := newFakeTables()
-	tables.fail = "iptables -w 10 -S"
+	tables.fail = "iptables -w 10 -t mangle -S"
 	fw := New(tables)
 	if err := fw.Ensure(ctx, br); err == nil {
 		t.Error("Ensure succeeded although iptables failed")

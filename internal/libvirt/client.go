@@ -50,6 +50,14 @@ type remote interface {
 
 // Client talks to one libvirtd over its RPC socket. It is safe for
 // concurrent use (go-libvirt multiplexes calls on the connection).
+//
+// The order an orchestrator uses: to start, DefineNetwork, StartNetwork,
+// (host firewall), DefineNWFilter, DefineDomain, StartDomain — the filter
+// must exist before the domain starts, or libvirt refuses to start it; to
+// stop, ShutdownDomain then WaitShutoff, DestroyDomain only on timeout;
+// to remove, DestroyDomain, UndefineDomain, UndefineNWFilter (libvirt
+// refuses while a domain references it), DestroyNetwork, UndefineNetwork.
+// Every step is idempotent, so a failed sequence can simply be rerun.
 type Client struct {
 	r remote
 }

@@ -12,10 +12,11 @@ import (
 // DefaultSubnetPool is where instance /24s come from unless configured.
 const DefaultSubnetPool = "10.10.0.0/16"
 
-// LibvirtDefaultSubnet is the NAT network Debian's libvirt defines as
-// "default". It is never handed out, even when it is not currently defined
-// or routed, because libvirt may (re)create it at any time.
-var libvirtDefaultSubnet = netip.MustParsePrefix("192.168.122.0/24")
+// LibvirtDefaultSubnet is the subnet of the NAT network Debian's libvirt
+// defines as "default". It is never handed out, even when that network is
+// not currently defined or routed, because libvirt may (re)create it at
+// any time.
+const LibvirtDefaultSubnet = "192.168.122.0/24"
 
 // AllocateSubnet returns the first /24 in pool that overlaps none of used
 // and not libvirt's default network. used should hold the subnets of
@@ -29,7 +30,7 @@ func AllocateSubnet(pool netip.Prefix, used []netip.Prefix) (netip.Prefix, error
 		return netip.Prefix{}, fmt.Errorf("allocating subnet: pool %v must be an IPv4 prefix of /24 or larger", pool)
 	}
 	pool = pool.Masked()
-	avoid := append([]netip.Prefix{libvirtDefaultSubnet}, used...)
+	avoid := append([]netip.Prefix{netip.MustParsePrefix(LibvirtDefaultSubnet)}, used...)
 	b := pool.Addr().As4()
 	base := binary.BigEndian.Uint32(b[:])
 	n := uint32(1) << (24 - pool.Bits())

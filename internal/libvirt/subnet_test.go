@@ -64,7 +64,7 @@ func TestAllocateSubnetExhaustive(t *testing.T) {
 		if err != nil {
 			t.Fatalf("allocation %d: %v", i, err)
 		}
-		if overlapsAny(got, used) || got.Overlaps(libvirtDefaultSubnet) || !pool.Contains(got.Addr()) {
+		if overlapsAny(got, used) || got.Overlaps(netip.MustParsePrefix(LibvirtDefaultSubnet)) || !pool.Contains(got.Addr()) {
 			t.Fatalf("allocation %d = %v overlaps a used prefix or leaves the pool", i, got)
 		}
 		used = append(used, got)
