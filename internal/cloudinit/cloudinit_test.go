@@ -354,7 +354,7 @@ func TestWriteISOCommand(t *testing.T) {
 		cmd = append(cmd, a)
 	}
 	golden(t, "genisoimage.cmd", []byte(strings.Join(cmd, "\n")+"\n"))
-	if st, err := os.Stat(out); err != nil || st.Mode().Perm() != 0o644 {
+	if st, err := os.Stat(out); err != nil || st.Mode().Perm() != 0o600 {
 		t.Errorf("seed iso: %v %v", st, err)
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 {

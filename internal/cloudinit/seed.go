@@ -79,9 +79,12 @@ func WriteISO(ctx context.Context, r Runner, s Seed, path string) error {
 		return fmt.Errorf("writing seed iso %s: %w", path, err)
 	}
 	iso := filepath.Join(work, "seed.iso")
-	// QEMU runs as another user and only reads the seed; it holds nothing
-	// secret (a public key and a CA certificate).
-	if err := os.Chmod(iso, 0o644); err != nil {
+	// Owner-only: the seed may carry the guest's ssh host private key,
+	// and whoever reads it can impersonate the guest to `abox ssh`.
+	// QEMU runs as another user, but libvirt's DAC driver hands every
+	// disk of a starting domain to that user (dynamic_ownership), so
+	// it can still read the seed.
+	if err := os.Chmod(iso, 0o600); err != nil {
 		return fmt.Errorf("writing seed iso %s: %w", path, err)
 	}
 	if err := syncFile(iso); err != nil {

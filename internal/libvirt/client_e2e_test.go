@@ -62,6 +62,15 @@ func TestE2ELifecycle(t *testing.T) {
 	}
 	run(t, "genisoimage", "-quiet", "-o", p.SeedISOPath, "-volid", "cidata", "-joliet", "-rock", filepath.Join(dir, "meta-data"))
 
+	// Owner-only files, as abox writes them (the seed may hold the guest's
+	// host key): QEMU, running as another user, must still open them
+	// because libvirt hands a starting domain's disks to that user.
+	for _, f := range []string{p.DiskPath, p.SeedISOPath} {
+		if err := os.Chmod(f, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	netXML, err := NetworkXML(p)
 	if err != nil {
 		t.Fatal(err)
