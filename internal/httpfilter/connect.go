@@ -148,6 +148,7 @@ func (p *Proxy) tunnel(ctx context.Context, client net.Conn, checked *egress.Che
 		p.stats.upstreamErrors.Add(1)
 		return
 	}
+	p.stats.upstreamDials.Add(1)
 	upc := newIdleConn(up, p.cfg.IdleTimeout, nil)
 	defer upc.Close()
 	if _, err := upc.Write(raw); err != nil {

@@ -207,6 +207,7 @@ func (p *Proxy) dialUpstream(ctx context.Context, network, addr string) (net.Con
 	if err != nil {
 		return nil, err
 	}
+	p.stats.upstreamDials.Add(1)
 	return newIdleConn(c, p.cfg.IdleTimeout, nil), nil
 }
 

@@ -372,12 +372,12 @@ func (p *Proxy) KeyLogEnabled() bool {
 
 // stats holds the counters behind Stats.
 type stats struct {
-	requests, allowed, healthchecks, upstreamErrors atomic.Uint64
-	tunnels, intercepted, connsRefused              atomic.Uint64
-	bytesFromClients, bytesToClients                atomic.Uint64
-	tunnelsOpen, connsOpen                          atomic.Int64
-	mu                                              sync.Mutex
-	blocked                                         map[string]uint64
+	requests, allowed, healthchecks, upstreamErrors   atomic.Uint64
+	tunnels, intercepted, connsRefused, upstreamDials atomic.Uint64
+	bytesFromClients, bytesToClients                  atomic.Uint64
+	tunnelsOpen, connsOpen                            atomic.Int64
+	mu                                                sync.Mutex
+	blocked                                           map[string]uint64
 }
 
 // Stats is the JSON snapshot served by the local API (abox http status).
@@ -388,6 +388,7 @@ type Stats struct {
 	BlockedByReason map[string]uint64 `json:"blocked_by_reason"`
 	Healthchecks    uint64            `json:"healthchecks"`
 	UpstreamErrors  uint64            `json:"upstream_errors"`
+	UpstreamDials   uint64            `json:"upstream_connections"`
 	Tunnels         uint64            `json:"tunnels"`
 	Intercepted     uint64            `json:"intercepted"`
 	TunnelsOpen     int64             `json:"tunnels_open"`
@@ -408,6 +409,7 @@ func (p *Proxy) Stats() any {
 		Allowed:        p.stats.allowed.Load(),
 		Healthchecks:   p.stats.healthchecks.Load(),
 		UpstreamErrors: p.stats.upstreamErrors.Load(),
+		UpstreamDials:  p.stats.upstreamDials.Load(),
 		Tunnels:        p.stats.tunnels.Load(),
 		Intercepted:    p.stats.intercepted.Load(),
 		TunnelsOpen:    p.stats.tunnelsOpen.Load(),

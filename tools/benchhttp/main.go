@@ -309,6 +309,13 @@ type result struct {
 
 func (e *env) measure(c *http.Client, u string) result {
 	defer c.CloseIdleConnections()
+	if os.Getenv("BENCH_DEBUG") != "" {
+		before := e.proxy.Stats().(httpfilter.Stats).UpstreamDials
+		defer func() {
+			st := e.proxy.Stats().(httpfilter.Stats)
+			fmt.Fprintf(os.Stderr, "%s: upstream dials %d, requests %d\n", u, st.UpstreamDials-before, st.Requests)
+		}()
+	}
 	// Warm up: connections, certificate cache.
 	for i := 0; i < 20; i++ {
 		get(c, u)
