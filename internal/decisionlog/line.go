@@ -1,0 +1,195 @@
+// Package decisionlog writes the filters' per-decision JSON lines fast: an
+// append-only encoder builds each line without reflection or allocation, and
+// a Writer hands batches of lines to the sinks (log file, in-memory ring)
+// from a goroutine of its own, so a query never waits on a disk.
+package decisionlog
+
+import (
+	"log/slog"
+	"math"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+// Line is one JSON object under construction. Fields appear in the order
+// they are added, after "time", "level" and "msg", exactly as log/slog's
+// JSON handler would write them, so readers of the logs see one format
+// whichever way a line was made. A Line is not safe for concurrent use; it
+// is recycled by Writer.Emit or Free and must not be used afterwards.
+type Line struct {
+	buf []byte
+}
+
+// maxPooled bounds the capacity of a recycled Line: a rare huge line (a
+// long error text) should not pin its buffer in the pool.
+const maxPooled = 8 << 10
+
+var linePool = sync.Pool{New: func() any { return &Line{buf: make([]byte, 0, 512)} }}
+
+// NewLine starts a line {"time":t,"level":level,"msg":msg with t in
+// RFC 3339 with nanoseconds, as slog writes it.
+func NewLine(t time.Time, level slog.Level, msg string) *Line {
+	l := linePool.Get().(*Line)
+	b := append(l.buf[:0], `{"time":"`...)
+	b = t.AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","level":`...)
+	b = appendString(b, level.String())
+	b = append(b, `,"msg":`...)
+	l.buf = appendString(b, msg)
+	return l
+}
+
+// Free recycles l without writing it.
+func (l *Line) Free() {
+	if cap(l.buf) > maxPooled {
+		return
+	}
+	l.buf = l.buf[:0]
+	linePool.Put(l)
+}
+
+func (l *Line) key(k string) {
+	l.buf = append(l.buf, ',')
+	l.buf = appendString(l.buf, k)
+	l.buf = append(l.buf, ':')
+}
+
+// String adds a string field. Any bytes are accepted: invalid UTF-8 becomes
+// U+FFFD and control characters are escaped, so a name chosen by a guest
+// can neither break the line nor forge a field.
+func (l *Line) String(k, v string) *Line {
+	l.key(k)
+	l.buf = appendString(l.buf, v)
+	return l
+}
+
+// Bool adds a boolean field.
+func (l *Line) Bool(k string, v bool) *Line {
+	l.key(k)
+	l.buf = strconv.AppendBool(l.buf, v)
+	return l
+}
+
+// Int adds an integer field.
+func (l *Line) Int(k string, v int64) *Line {
+	l.key(k)
+	l.buf = strconv.AppendInt(l.buf, v, 10)
+	return l
+}
+
+// Float adds a number field formatted as encoding/json (and so slog) does.
+// JSON has no NaN or infinities; those are written as the strings "NaN",
+// "+Inf" and "-Inf" so that the line stays valid.
+func (l *Line) Float(k string, v float64) *Line {
+	l.key(k)
+	l.buf = appendFloat(l.buf, v)
+	return l
+}
+
+// Addr adds an IP address field, as netip.Addr.String writes it.
+func (l *Line) Addr(k string, a netip.Addr) *Line {
+	if !a.IsValid() || a.Zone() != "" {
+		// Rare; a zone is an interface name and could hold anything.
+		return l.String(k, a.String())
+	}
+	l.key(k)
+	l.buf = append(l.buf, '"')
+	l.buf = a.AppendTo(l.buf)
+	l.buf = append(l.buf, '"')
+	return l
+}
+
+// finish closes the object and returns the whole line with its newline.
+func (l *Line) finish() []byte {
+	l.buf = append(l.buf, '}', '\n')
+	return l.buf
+}
+
+// appendFloat is encoding/json's float64 encoding.
+func appendFloat(b []byte, f float64) []byte {
+	switch {
+	case math.IsNaN(f):
+		return append(b, `"NaN"`...)
+	case math.IsInf(f, 1):
+		return append(b, `"+Inf"`...)
+	case math.IsInf(f, -1):
+		return append(b, `"-Inf"`...)
+	}
+	format := byte('f')
+	if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	b = strconv.AppendFloat(b, f, format, -1, 64)
+	if format == 'e' {
+		// Clean up e-09 to e-9, as encoding/json does.
+		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+			b[n-2] = b[n-1]
+			b = b[:n-1]
+		}
+	}
+	return b
+}
+
+const hex = "0123456789abcdef"
+
+// safe reports the ASCII bytes that need no escaping inside a JSON string.
+var safe = func() (t [utf8.RuneSelf]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// appendString appends s as a JSON string (RFC 8259), escaping exactly as
+// log/slog's JSON handler does: \" \\ \n \r \t, \u00XX for the other
+// control characters, \u2028 and \u2029 (for JavaScript embedders), and
+// \ufffd for each byte that is not part of valid UTF-8.
+func appendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if safe[c] {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '\\', '"':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i++
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}

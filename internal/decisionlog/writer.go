@@ -1,0 +1,312 @@
+package decisionlog
+
+import (
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultMaxBytes = 1 << 20
+	DefaultInterval = 50 * time.Millisecond
+	DefaultMaxWait  = 50 * time.Millisecond
+)
+
+// Config configures a Writer.
+type Config struct {
+	// Sinks receive every batch of whole lines, in order; typically the log
+	// file (or stderr) and a logring.Ring. A sink's error is counted and
+	// does not keep the batch from the other sinks. Writer never closes them.
+	Sinks []io.Writer
+	// MaxBytes bounds the lines queued for the sinks (DefaultMaxBytes if
+	// <= 0). A full queue makes producers wait, see MaxWait.
+	MaxBytes int
+	// Interval is the longest a line waits before it is handed to the
+	// sinks (DefaultInterval if <= 0); a queue half full goes at once.
+	Interval time.Duration
+	// MaxWait is how long a producer waits for room in a full queue before
+	// its line is dropped (DefaultMaxWait if <= 0). Once a line has been
+	// dropped, further lines are dropped without waiting until the queue
+	// drains, so a stuck sink costs the filter one wait, not one per query.
+	MaxWait time.Duration
+	// Now is the clock of the overflow report line; nil means time.Now.
+	Now func() time.Time
+}
+
+// Stats are a Writer's counters since New.
+type Stats struct {
+	// Lines counts lines queued for the sinks.
+	Lines uint64 `json:"lines"`
+	// Dropped counts lines lost because the queue stayed full for MaxWait
+	// or the Writer was closed. Each loss is also reported in the log by a
+	// WARN line "decision log overflow" with the count.
+	Dropped uint64 `json:"dropped"`
+	// Waits counts the times a producer found the queue full and waited.
+	Waits uint64 `json:"waits"`
+	// WriteErrors counts failed writes of a batch to a sink.
+	WriteErrors uint64 `json:"write_errors"`
+}
+
+// Writer queues whole JSON lines and writes them to its sinks in batches
+// from a goroutine of its own: one write per sink and batch instead of one
+// per line, and no producer ever holds a lock across a sink's write.
+//
+// Lines are never lost silently: the queue is bounded, a producer that finds
+// it full waits up to MaxWait, and only then is the line dropped, counted in
+// Stats and reported in the log. Audit logs prefer a brief stall of the
+// query path to a gap, but a stuck disk must not turn into a stuck filter.
+//
+// Writer is an io.Writer too, so that a slog JSON handler can share the
+// stream (and its order) for the rarer diagnostic lines; each Write must
+// hold whole lines, as slog's do.
+type Writer struct {
+	sinks    []io.Writer
+	maxBytes int
+	maxWait  time.Duration
+	interval time.Duration
+	now      func() time.Time
+
+	mu sync.Mutex
+	// pending holds whole lines not yet taken by the flusher; len(pending)
+	// exceeds maxBytes only by a line added to an empty queue.
+	pending []byte
+	// room is closed when the flusher takes pending; nil while no producer waits.
+	room chan struct{}
+	// dropping is set when a line was dropped and cleared when the flusher
+	// takes pending: while set, producers finding the queue full do not wait.
+	dropping bool
+	// unreported counts drops not yet reported in the log.
+	unreported uint64
+	closed     bool
+
+	// kick wakes the flusher: the first line of a batch starts its interval,
+	// a queue half full or a waiting producer ends it early.
+	kick  chan struct{}
+	syncc chan chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+	spare []byte // owned by the flusher
+	// err is the last error of a sink; written by the flusher only, read after done.
+	err error
+
+	lines, dropped, waits, writeErrors atomic.Uint64
+}
+
+// New starts a Writer; Close stops it.
+func New(cfg Config) *Writer {
+	w := &Writer{
+		sinks:    cfg.Sinks,
+		maxBytes: cfg.MaxBytes,
+		maxWait:  cfg.MaxWait,
+		interval: cfg.Interval,
+		now:      cfg.Now,
+		kick:     make(chan struct{}, 1),
+		syncc:    make(chan chan struct{}),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	if w.maxBytes <= 0 {
+		w.maxBytes = DefaultMaxBytes
+	}
+	if w.maxWait <= 0 {
+		w.maxWait = DefaultMaxWait
+	}
+	if w.interval <= 0 {
+		w.interval = DefaultInterval
+	}
+	if w.now == nil {
+		w.now = time.Now
+	}
+	go w.run()
+	return w
+}
+
+// Emit queues l (adding the closing brace and newline) and recycles it.
+// It waits at most MaxWait; see Writer.
+func (w *Writer) Emit(l *Line) {
+	w.enqueue(l.finish())
+	l.Free()
+}
+
+// Write queues p, which must be whole lines ending in a newline. It never
+// fails: a line that cannot be queued is counted as dropped.
+func (w *Writer) Write(p []byte) (int, error) {
+	w.enqueue(p)
+	return len(p), nil
+}
+
+func (w *Writer) enqueue(p []byte) {
+	w.mu.Lock()
+	if w.full(p) && !w.waitRoom(p) {
+		w.unreported++
+		w.mu.Unlock()
+		w.dropped.Add(1)
+		return
+	}
+	first := len(w.pending) == 0
+	w.pending = append(w.pending, p...)
+	half := len(w.pending) >= w.maxBytes/2
+	w.mu.Unlock()
+	w.lines.Add(1)
+	if first || half {
+		w.wake()
+	}
+}
+
+// full reports whether p cannot be queued now. A line longer than maxBytes
+// still goes into an empty queue. w.mu must be held.
+func (w *Writer) full(p []byte) bool {
+	return w.closed || (len(w.pending) > 0 && len(w.pending)+len(p) > w.maxBytes)
+}
+
+// waitRoom waits up to maxWait for room for p and reports whether there is
+// some. w.mu is held on entry and on return.
+func (w *Writer) waitRoom(p []byte) bool {
+	if w.closed || w.dropping {
+		return false
+	}
+	w.waits.Add(1)
+	deadline := time.NewTimer(w.maxWait)
+	defer deadline.Stop()
+	for w.full(p) {
+		if w.closed || w.dropping {
+			return false
+		}
+		if w.room == nil {
+			w.room = make(chan struct{})
+		}
+		room := w.room
+		w.mu.Unlock()
+		w.wake()
+		select {
+		case <-room:
+			w.mu.Lock()
+		case <-deadline.C:
+			w.mu.Lock()
+			if w.full(p) {
+				w.dropping = true
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (w *Writer) wake() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Sync returns once every line queued before the call has been written to
+// the sinks (or Close has run).
+func (w *Writer) Sync() {
+	c := make(chan struct{})
+	select {
+	case w.syncc <- c:
+		<-c
+	case <-w.done:
+	}
+}
+
+// Close writes what is queued and stops the Writer; later lines are
+// dropped. It returns the last error of a sink, if any; it does not close
+// the sinks.
+func (w *Writer) Close() error {
+	w.mu.Lock()
+	if !w.closed {
+		w.closed = true
+		close(w.stop)
+	}
+	w.mu.Unlock()
+	<-w.done
+	return w.err
+}
+
+// Stats returns the counters.
+func (w *Writer) Stats() Stats {
+	return Stats{Lines: w.lines.Load(), Dropped: w.dropped.Load(), Waits: w.waits.Load(), WriteErrors: w.writeErrors.Load()}
+}
+
+func (w *Writer) run() {
+	defer close(w.done)
+	t := time.NewTimer(w.interval)
+	t.Stop()
+	for {
+		select {
+		case <-w.kick:
+			if w.urgent() {
+				break
+			}
+			// The first line of a batch: give the others the interval
+			// to join it, unless the queue fills up first.
+			t.Reset(w.interval)
+			select {
+			case <-t.C:
+			case <-w.kick:
+				t.Stop()
+			case c := <-w.syncc:
+				t.Stop()
+				w.flush()
+				close(c)
+				continue
+			case <-w.stop:
+				t.Stop()
+				w.flush()
+				return
+			}
+		case c := <-w.syncc:
+			w.flush()
+			close(c)
+			continue
+		case <-w.stop:
+			w.flush()
+			return
+		}
+		w.flush()
+	}
+}
+
+// urgent reports whether the queue is half full or a producer waits for room.
+func (w *Writer) urgent() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.pending) >= w.maxBytes/2 || w.room != nil
+}
+
+// flush hands the queued lines to the sinks. Only the flusher goroutine calls it.
+func (w *Writer) flush() {
+	w.mu.Lock()
+	batch := w.pending
+	w.pending = w.spare[:0]
+	if w.room != nil {
+		close(w.room)
+		w.room = nil
+	}
+	w.dropping = false
+	lost := w.unreported
+	w.unreported = 0
+	w.mu.Unlock()
+	if lost > 0 {
+		l := NewLine(w.now(), slog.LevelWarn, "decision log overflow")
+		l.Int("dropped", int64(lost)).Int("max_bytes", int64(w.maxBytes))
+		batch = append(batch, l.finish()...)
+		l.Free()
+	}
+	if len(batch) > 0 {
+		for _, s := range w.sinks {
+			if _, err := s.Write(batch); err != nil {
+				w.writeErrors.Add(1)
+				w.err = err
+			}
+		}
+	}
+	if cap(batch) > 2*w.maxBytes {
+		batch = nil // a burst of large lines; do not keep it
+	}
+	w.spare = batch[:0]
+}
