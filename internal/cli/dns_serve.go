@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/abox-dev/abox/internal/daemon"
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/dnsfilter"
 	"github.com/abox-dev/abox/internal/logring"
 	"github.com/abox-dev/abox/internal/netclass"
@@ -161,10 +162,12 @@ func runDNSServe(ctx context.Context, e *env, o *dnsServeOptions) error {
 		defer f.Close()
 		out = f
 	}
-	lw := dnsfilter.NewLogWriter(out, 0)
-	defer lw.Close()
 	ring := logring.New(2000)
-	log := slog.New(slog.NewJSONHandler(io.MultiWriter(lw, ring), nil))
+	// Decision lines are encoded on the query path and written in batches
+	// to the file and the ring; diagnostics join the same stream.
+	dlog := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{out, ring}})
+	defer dlog.Close()
+	log := slog.New(slog.NewJSONHandler(dlog, nil))
 
 	pol, err := policy.New(policy.Config{AllowlistPath: c.allowlist, Logger: log})
 	if err != nil {
@@ -193,7 +196,7 @@ func runDNSServe(ctx context.Context, e *env, o *dnsServeOptions) error {
 		PacketConn: pc, Listener: ln,
 		Policy: pol, Upstream: c.upstream,
 		Addrs:  netclass.NewPolicy(c.permit, host),
-		Logger: log,
+		Logger: log, DecisionLog: dlog,
 		MinTTL: o.minTTL, MaxTTL: o.maxTTL,
 		CacheSize: cache, RateLimit: rate, RateBurst: o.rateBurst,
 	})

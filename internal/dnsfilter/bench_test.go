@@ -2,6 +2,7 @@ package dnsfilter_test
 
 import (
 	"context"
+	"io"
 	"net/netip"
 	"testing"
 
@@ -9,27 +10,33 @@ import (
 )
 
 // BenchmarkHandle measures the decision path without sockets: a blocked
-// name, a cached allowed name, and the healthcheck.
+// name, a cached allowed name, and the healthcheck, with the decision log
+// off and on (to io.Discard through the asynchronous writer, as in production).
 func BenchmarkHandle(b *testing.B) {
-	srv, _, _ := newFuzzServer(b)
-	client := netip.MustParseAddr("192.0.2.10")
-	ctx := context.Background()
-	for _, bc := range []struct {
+	for _, mode := range []struct {
 		name string
-		q    *dns.Msg
-	}{
-		{"blocked", query("other.org", dns.TypeA, 1232)},
-		{"cached", query("www.example.com", dns.TypeA, 1232)},
-		{"healthcheck", query("healthcheck.abox.local", dns.TypeA, 1232)},
-	} {
-		srv.Handle(ctx, client, "udp", bc.q) // warm the cache
-		b.Run(bc.name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				if r := srv.Handle(ctx, client, "udp", bc.q); r == nil {
-					b.Fatal("no answer")
+		w    io.Writer
+	}{{"log=off", nil}, {"log=on", io.Discard}} {
+		srv, _, _, _ := newFuzzServer(b, mode.w)
+		client := netip.MustParseAddr("192.0.2.10")
+		ctx := context.Background()
+		for _, bc := range []struct {
+			name string
+			q    *dns.Msg
+		}{
+			{"blocked", query("other.org", dns.TypeA, 1232)},
+			{"cached", query("www.example.com", dns.TypeA, 1232)},
+			{"healthcheck", query("healthcheck.abox.local", dns.TypeA, 1232)},
+		} {
+			srv.Handle(ctx, client, "udp", bc.q) // warm the cache
+			b.Run(bc.name+"/"+mode.name, func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if r := srv.Handle(ctx, client, "udp", bc.q); r == nil {
+						b.Fatal("no answer")
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }

@@ -2,6 +2,8 @@ package dnsfilter_test
 
 import (
 	"context"
+	"encoding/json"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -15,6 +17,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/dnsfilter"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
@@ -85,7 +88,9 @@ func (r *recorder) take() []*dns.Msg {
 	return out
 }
 
-func newFuzzServer(f testing.TB) (*dnsfilter.Server, *recorder, *policy.Engine) {
+// newFuzzServer returns a server that is never started, for calling
+// Handle directly; its decision lines go to log unless log is nil.
+func newFuzzServer(f testing.TB, log io.Writer) (*dnsfilter.Server, *recorder, *policy.Engine, *decisionlog.Writer) {
 	path := filepath.Join(f.TempDir(), "allowlist.txt")
 	if err := os.WriteFile(path, []byte("example.com\n*.example.com\n"), 0o644); err != nil {
 		f.Fatal(err)
@@ -100,11 +105,16 @@ func newFuzzServer(f testing.TB) (*dnsfilter.Server, *recorder, *policy.Engine) 
 	}
 	f.Cleanup(func() { pc.Close() })
 	rec := &recorder{}
-	srv, err := dnsfilter.New(dnsfilter.Config{PacketConn: pc, Policy: pol, Upstream: rec, RateLimit: -1, CacheSize: 100})
+	var dlog *decisionlog.Writer
+	if log != nil {
+		dlog = decisionlog.New(decisionlog.Config{Sinks: []io.Writer{log}})
+		f.Cleanup(func() { dlog.Close() })
+	}
+	srv, err := dnsfilter.New(dnsfilter.Config{PacketConn: pc, Policy: pol, Upstream: rec, RateLimit: -1, CacheSize: 100, DecisionLog: dlog})
 	if err != nil {
 		f.Fatal(err)
 	}
-	return srv, rec, pol
+	return srv, rec, pol, dlog
 }
 
 func FuzzHandleQuery(f *testing.F) {
@@ -127,7 +137,8 @@ func FuzzHandleQuery(f *testing.F) {
 		}
 		f.Add(b, false)
 	}
-	srv, rec, pol := newFuzzServer(f)
+	logs := &syncBuffer{}
+	srv, rec, pol, dlog := newFuzzServer(f, logs)
 	client := netip.MustParseAddr("192.0.2.10")
 	f.Fuzz(func(t *testing.T, wire []byte, tcp bool) {
 		req := new(dns.Msg)
@@ -148,6 +159,20 @@ func FuzzHandleQuery(f *testing.F) {
 		}
 		if resp == nil {
 			t.Fatalf("no answer to a query")
+		}
+		// The query names are the guest's: the decision line must still be
+		// one valid JSON object naming it.
+		dlog.Sync()
+		logs.mu.Lock()
+		line := logs.b.String()
+		logs.b.Reset()
+		logs.mu.Unlock()
+		var fields map[string]any
+		if strings.Count(line, "\n") != 1 || !strings.HasSuffix(line, "\n") || json.Unmarshal([]byte(line), &fields) != nil {
+			t.Fatalf("decision log %q is not one JSON line", line)
+		}
+		if len(req.Question) == 1 && fields["name"] == "" && req.Question[0].Name != "." {
+			t.Fatalf("decision line %q lacks the name %q", line, req.Question[0].Name)
 		}
 		if len(resp.Question) > 1 || (len(resp.Question) == 0 && resp.Rcode != dns.RcodeFormatError) {
 			t.Fatalf("response has %d questions with rcode %s", len(resp.Question), dns.RcodeToString[resp.Rcode])

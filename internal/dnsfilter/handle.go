@@ -11,6 +11,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/policy"
 )
 
@@ -72,7 +73,7 @@ func (s *Server) Handle(ctx context.Context, client netip.Addr, network string, 
 	if resp.Truncated = resp.Truncated || !fit(resp, maxSize(req, network)); resp.Truncated {
 		s.st.truncated.Add(1)
 	}
-	s.logDecision(ctx, client, d)
+	s.logDecision(client, d)
 	return resp
 }
 
@@ -322,31 +323,33 @@ func (s *Server) healthcheck(req *dns.Msg) *dns.Msg {
 	return m
 }
 
-func (s *Server) logDecision(ctx context.Context, client netip.Addr, d decision) {
-	if !s.log.Enabled(ctx, slog.LevelInfo) {
+// logDecision writes the decision line. The fields and their order are
+// those the line had when slog wrote it; see docs/dns.md.
+func (s *Server) logDecision(client netip.Addr, d decision) {
+	if s.dlog == nil {
 		return
-	}
-	attrs := make([]slog.Attr, 0, 12)
-	attrs = append(attrs,
-		slog.String("client", client.String()),
-		slog.String("name", d.name),
-		slog.String("type", typeString(d.qtype)),
-		slog.String("verdict", string(d.verdict)),
-		slog.String("reason", d.reason),
-		slog.String("rule", d.rule),
-		slog.String("rcode", dns.RcodeToString[d.rcode]),
-		slog.Float64("upstream_ms", float64(d.rtt.Microseconds())/1000),
-		slog.Bool("cached", d.cached),
-	)
-	if d.class != "" {
-		attrs = append(attrs, slog.String("class", d.class))
 	}
 	level := slog.LevelInfo
 	if d.err != nil {
-		attrs = append(attrs, slog.String("error", d.err.Error()))
 		level = slog.LevelWarn
 	}
-	s.log.LogAttrs(ctx, level, "dns", attrs...)
+	l := decisionlog.NewLine(s.now(), level, "dns")
+	l.Addr("client", client).
+		String("name", d.name).
+		String("type", typeString(d.qtype)).
+		String("verdict", string(d.verdict)).
+		String("reason", d.reason).
+		String("rule", d.rule).
+		String("rcode", dns.RcodeToString[d.rcode]).
+		Float("upstream_ms", float64(d.rtt.Microseconds())/1000).
+		Bool("cached", d.cached)
+	if d.class != "" {
+		l.String("class", d.class)
+	}
+	if d.err != nil {
+		l.String("error", d.err.Error())
+	}
+	s.dlog.Emit(l)
 }
 
 // isReverse reports whether n lies in the reverse-mapping trees.

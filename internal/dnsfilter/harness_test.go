@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/dnsfilter"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
@@ -114,6 +116,8 @@ type harness struct {
 type syncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
+	// sync, when set, waits for the lines queued so far to be written.
+	sync func()
 }
 
 func (s *syncBuffer) Write(p []byte) (int, error) {
@@ -125,6 +129,9 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 // lines returns the decoded JSON log lines.
 func (s *syncBuffer) lines(t *testing.T) []map[string]any {
 	t.Helper()
+	if s.sync != nil {
+		s.sync()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []map[string]any
@@ -160,7 +167,16 @@ func start(t *testing.T, o harnessOptions) *harness {
 	if err := os.WriteFile(h.allow, []byte(o.allowlist), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	log := slogJSON(h.logs)
+	// As in production: decision lines and diagnostics share one
+	// asynchronous stream; lines(t) syncs it before reading.
+	dlog := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{h.logs}})
+	t.Cleanup(func() {
+		if err := dlog.Close(); err != nil {
+			t.Errorf("closing the decision log: %v", err)
+		}
+	})
+	h.logs.sync = dlog.Sync
+	log := slogJSON(dlog)
 	pol, err := policy.New(policy.Config{AllowlistPath: h.allow, Logger: log})
 	if err != nil {
 		t.Fatalf("policy.New: %v", err)
@@ -187,7 +203,7 @@ func start(t *testing.T, o harnessOptions) *harness {
 	}
 	cfg := dnsfilter.Config{
 		PacketConn: pc, Listener: ln, Policy: pol, Upstream: up,
-		Addrs: netclass.NewPolicy(permit, nil), Logger: log,
+		Addrs: netclass.NewPolicy(permit, nil), Logger: log, DecisionLog: dlog,
 		RateLimit: -1,
 	}
 	if o.tweak != nil {

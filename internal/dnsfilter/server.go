@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
 )
@@ -57,7 +58,12 @@ type Config struct {
 	// Addrs decides which answer addresses the guest may be given; nil
 	// permits only public addresses.
 	Addrs *netclass.Policy
-	// Logger receives one line per decision; nil discards.
+	// DecisionLog receives one JSON line per decision (msg "dns"); nil
+	// discards them. The caller closes it after Serve returns.
+	DecisionLog *decisionlog.Writer
+	// Logger receives diagnostics, such as a client going over its rate;
+	// nil discards. Point it at DecisionLog (slog.NewJSONHandler accepts
+	// it) to keep both in one stream.
 	Logger *slog.Logger
 	// MinTTL and MaxTTL bound the TTL of every record we send and cache.
 	MinTTL, MaxTTL time.Duration
@@ -90,6 +96,7 @@ type Server struct {
 	// addrs is never nil.
 	addrs  *netclass.Policy
 	log    *slog.Logger
+	dlog   *decisionlog.Writer // nil when decisions are not logged
 	now    func() time.Time
 	minTTL uint32 // seconds, <= maxTTL
 	maxTTL uint32 // seconds
@@ -117,7 +124,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Upstream == nil {
 		return nil, errors.New("dns filter: no upstream")
 	}
-	s := &Server{pc: cfg.PacketConn, ln: cfg.Listener, pol: cfg.Policy, up: cfg.Upstream, addrs: cfg.Addrs, log: cfg.Logger, now: cfg.Now}
+	s := &Server{pc: cfg.PacketConn, ln: cfg.Listener, pol: cfg.Policy, up: cfg.Upstream, addrs: cfg.Addrs, log: cfg.Logger, dlog: cfg.DecisionLog, now: cfg.Now}
 	if s.addrs == nil {
 		s.addrs = netclass.NewPolicy(nil, nil)
 	}
@@ -307,6 +314,11 @@ type Stats struct {
 	// Truncated counts answers sent with TC set.
 	Truncated   uint64 `json:"truncated"`
 	WriteErrors uint64 `json:"write_errors"`
+	// LogDropped counts decision log lines lost because the log sinks
+	// stayed stuck (each loss is also reported in the log itself), and
+	// LogWriteErrors failed writes to them.
+	LogDropped     uint64 `json:"log_dropped"`
+	LogWriteErrors uint64 `json:"log_write_errors"`
 }
 
 // Stats implements daemon.Service.
@@ -334,6 +346,10 @@ func (s *Server) Snapshot() Stats {
 	}
 	if s.cache != nil {
 		st.CacheEntries = s.cache.len()
+	}
+	if s.dlog != nil {
+		ls := s.dlog.Stats()
+		st.LogDropped, st.LogWriteErrors = ls.Dropped, ls.WriteErrors
 	}
 	if u, ok := s.up.(interface{ Servers() []string }); ok {
 		st.Upstreams = u.Servers()

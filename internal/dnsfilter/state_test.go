@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -342,5 +343,50 @@ func TestLogLine(t *testing.T) {
 	}
 	if dnsLines[0]["rule"] != "example.com" || dnsLines[0]["verdict"] != "allow" {
 		t.Errorf("allowed line %v, want verdict allow, rule example.com", dnsLines[0])
+	}
+}
+
+// TestLogComplete: every decision is logged, from concurrent clients, and
+// a name chosen to break the line stays one field of one JSON line.
+func TestLogComplete(t *testing.T) {
+	h := start(t, harnessOptions{})
+	const workers, each = 4, 50
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			c := &dns.Client{Timeout: 3 * time.Second}
+			for i := range each {
+				name := fmt.Sprintf("host%d-%d.blocked.test", w, i)
+				if _, _, err := c.Exchange(query(name, dns.TypeA, 1232), h.addr); err != nil {
+					t.Errorf("%s: %v", name, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	evil := `a"b\\c\000{}.example.com`
+	h.ask(t, evil, dns.TypeA)
+	n, found := 0, false
+	for _, l := range h.logs.lines(t) {
+		if l["msg"] != "dns" {
+			continue
+		}
+		n++
+		if name, _ := l["name"].(string); strings.Contains(name, "{}.example") {
+			found = true
+			if l["verdict"] != "block" || l["type"] != "A" || !strings.Contains(name, `"`) {
+				t.Errorf("line for the odd name %v, want a block of type A", l)
+			}
+		}
+	}
+	if n != workers*each+1 {
+		t.Errorf("%d decision lines for %d queries", n, workers*each+1)
+	}
+	if !found {
+		t.Errorf("no decision line names %q", evil)
+	}
+	if st := h.srv.Snapshot(); st.LogDropped != 0 || st.LogWriteErrors != 0 {
+		t.Errorf("log_dropped %d, log_write_errors %d; want 0", st.LogDropped, st.LogWriteErrors)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/ca"
 	"github.com/abox-dev/abox/internal/daemon"
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/dnsfilter"
 	"github.com/abox-dev/abox/internal/httpfilter"
 	"github.com/abox-dev/abox/internal/logring"
@@ -41,8 +42,12 @@ func RunFilters(ctx context.Context, l paths.Layout, name string, diag io.Writer
 		return err
 	}
 	defer httpLogFile.Close()
-	log := slog.New(slog.NewJSONHandler(diag, nil)).With("instance", name)
-	dnsLog := slog.New(slog.NewJSONHandler(io.MultiWriter(dnsLogFile, dnsRing), nil))
+	log := slog.New(slog.NewJSONHandler(diag, nil))
+	// Decision lines and the DNS filter's diagnostics, batched to the file
+	// and the ring. Closed (deferred) before the file is.
+	dnsDecisions := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{dnsLogFile, dnsRing}})
+	defer dnsDecisions.Close()
+	dnsLog := slog.New(slog.NewJSONHandler(dnsDecisions, nil))
 	httpLog := slog.New(slog.NewJSONHandler(io.MultiWriter(httpLogFile, httpRing), nil))
 
 	pol, err := policy.New(policy.Config{AllowlistPath: f.Allowlist, Logger: log})
@@ -67,7 +72,7 @@ func RunFilters(ctx context.Context, l paths.Layout, name string, diag io.Writer
 		return fmt.Errorf("dns filter on %s:53: %w", gw, err)
 	}
 	dns, err := dnsfilter.New(dnsfilter.Config{
-		PacketConn: pc, Listener: dl, Policy: pol, Upstream: up, Addrs: addrs, Logger: dnsLog,
+		PacketConn: pc, Listener: dl, Policy: pol, Upstream: up, Addrs: addrs, Logger: dnsLog, DecisionLog: dnsDecisions,
 	})
 	if err != nil {
 		pc.Close()

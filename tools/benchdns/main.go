@@ -24,6 +24,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/dnsfilter"
 	"github.com/abox-dev/abox/internal/logring"
 	"github.com/abox-dev/abox/internal/netclass"
@@ -175,7 +176,7 @@ func startFilter(ctx context.Context, o options, dir, upAddr string) (string, er
 	if err := os.WriteFile(allow, []byte("example.com\n*.example.com\n"), 0o644); err != nil {
 		return "", err
 	}
-	var w io.Writer
+	var sinks []io.Writer
 	ring := logring.New(2000)
 	switch o.logMode {
 	case "file":
@@ -183,19 +184,19 @@ func startFilter(ctx context.Context, o options, dir, upAddr string) (string, er
 		if err != nil {
 			return "", err
 		}
-		lw := dnsfilter.NewLogWriter(f, 0)
-		go func() { <-ctx.Done(); lw.Close() }()
-		w = io.MultiWriter(lw, ring)
+		sinks = []io.Writer{f, ring}
 	case "ring":
-		w = ring
+		sinks = []io.Writer{ring}
 	case "none":
-		w = io.Discard
 	default:
 		return "", fmt.Errorf("-log %q: want file, ring or none", o.logMode)
 	}
-	log := slog.New(slog.NewJSONHandler(w, nil))
-	if o.logMode == "none" {
-		log = slog.New(slog.DiscardHandler)
+	var dlog *decisionlog.Writer
+	log := slog.New(slog.DiscardHandler)
+	if sinks != nil {
+		dlog = decisionlog.New(decisionlog.Config{Sinks: sinks})
+		go func() { <-ctx.Done(); dlog.Close() }()
+		log = slog.New(slog.NewJSONHandler(dlog, nil))
 	}
 	pol, err := policy.New(policy.Config{AllowlistPath: allow, Logger: log})
 	if err != nil {
@@ -211,7 +212,7 @@ func startFilter(ctx context.Context, o options, dir, upAddr string) (string, er
 	}
 	srv, err := dnsfilter.New(dnsfilter.Config{
 		PacketConn: pc, Listener: ln, Policy: pol, Upstream: uc,
-		Addrs: netclass.NewPolicy(nil, nil), Logger: log, RateLimit: -1,
+		Addrs: netclass.NewPolicy(nil, nil), Logger: log, DecisionLog: dlog, RateLimit: -1,
 	})
 	if err != nil {
 		return "", err
