@@ -49,7 +49,14 @@ func TestBootDebian12(t *testing.T) {
 	logf("environment up in %s (libvirtd %s)", time.Since(envStart).Round(time.Millisecond), env.Startup.Round(time.Millisecond))
 	defer func() {
 		if t.Failed() {
+			if out, err := env.Virsh(context.WithoutCancel(ctx), "domstate", "--reason", "abx-test0"); err == nil {
+				logf("domain state: %s", strings.TrimSpace(out))
+			}
+			if b, err := os.ReadFile(filepath.Join(env.LogDir(), "qemu", "abx-test0.log")); err == nil {
+				logf("qemu log tail:\n%s", lastLines(string(b), 15))
+			}
 			if b, err := os.ReadFile(filepath.Join(env.Dir, "vm", "console.log")); err == nil {
+				logf("console.log, notable lines:\n%s", notable(string(b)))
 				logf("console.log tail:\n%s", lastLines(string(b), 60))
 			}
 			if os.Getenv("ABOX_E2E_KEEP") != "" {
@@ -143,16 +150,21 @@ func TestBootDebian12(t *testing.T) {
 		{"default route", "ip route show default", "via 10.10.5.1"},
 		{"resolver", "resolvectl dns eth0", "10.10.5.1"},
 		{"sudo", "sudo -n true && echo sudo-ok", "sudo-ok"},
-		{"cloud-init", "cloud-init status --long || true", "status: done"},
+		{"cloud-init", "cloud-init status --wait --long || true", "status: done"},
+		// The image turns IPv6 off on eth0 (see image.Debian12Recipe).
+		{"no IPv6", `test -z "$(ip -6 -o addr show dev eth0)" && echo no-ipv6-address`, "no-ipv6-address"},
 		{"host keys", "ls /etc/ssh/", "ssh_host_ed25519_key.pub"},
 		{"machine-id", "cat /etc/machine-id", ""},
 		{"kernel", "uname -r; cat /proc/cmdline", "root=/dev/vda"},
 		{"root grown", "df -BM --output=size / | tail -1", ""},
+		// Informational: where the boot time goes under TCG.
+		{"boot time", "systemd-analyze time; systemd-analyze blame | head -8", ""},
+		{"network log", "sudo journalctl -b --no-pager -o short-monotonic -u systemd-networkd -u systemd-networkd-wait-online | tail -25", ""},
 	}
 	for _, c := range checks {
 		t0 := time.Now()
 		out, err := ssh(ctx, c.cmd)
-		logf("%s (%s): %s", c.name, time.Since(t0).Round(10*time.Millisecond), strings.TrimSpace(string(out)))
+		logf("%s (%s, %s since start): %s", c.name, time.Since(t0).Round(10*time.Millisecond), time.Since(bootStart).Round(100*time.Millisecond), strings.TrimSpace(string(out)))
 		if err != nil || !strings.Contains(string(out), c.want) {
 			t.Errorf("%s: %q gave %q, %v; want %q", c.name, c.cmd, out, err, c.want)
 		}
@@ -174,6 +186,23 @@ func TestBootDebian12(t *testing.T) {
 	virsh("net-destroy", "abx-test0")
 	virsh("net-undefine", "abx-test0")
 	fmt.Fprintf(os.Stderr, "TIMING libvirtd=%s ssh_ready=%s\n", env.Startup.Round(time.Millisecond), sshReady.Round(100*time.Millisecond))
+}
+
+// notable picks the console lines that explain an unexpected stop.
+func notable(s string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		for _, k := range []string{"Power key", "power_state", "Powering off", "reboot:", "panic", "Oops", "Stopping", "Reached target shutdown", "systemd-logind", "Failed"} {
+			if strings.Contains(l, k) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	if len(out) > 40 {
+		out = out[:40]
+	}
+	return strings.Join(out, "\n")
 }
 
 func lastLines(s string, n int) string {
