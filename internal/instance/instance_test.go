@@ -487,3 +487,27 @@ func TestStartFailsClosedWithoutFirewallOrDaemon(t *testing.T) {
 		})
 	}
 }
+
+func TestStartRepairsDeadFilters(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	st, _, err := r.m.Create(ctx, Spec{Name: "dev", Accel: "tcg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.m.Start(ctx, "dev"); err != nil {
+		t.Fatal(err)
+	}
+	r.d.Stop(ctx, "dev") // the daemon died for good
+	delete(r.fw.chains, st.Bridge)
+	r.hv.calls = nil
+	if err := r.m.Start(ctx, "dev"); err != nil {
+		t.Fatalf("start of a running instance with dead filters: %v", err)
+	}
+	if r.d.PID("dev") == 0 || !r.fw.chains[st.Bridge] {
+		t.Errorf("filters %d, chain %v after repair", r.d.PID("dev"), r.fw.chains[st.Bridge])
+	}
+	if slices.Contains(r.hv.callList(), "StartDomain") || slices.Contains(r.hv.callList(), "DestroyDomain") {
+		t.Errorf("repair touched the guest: %v", r.hv.callList())
+	}
+}

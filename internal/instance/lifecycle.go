@@ -43,7 +43,19 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 		return err
 	}
 	if state.Active() {
-		return fmt.Errorf("starting %s: already running (state %s)", name, state)
+		if m.Daemon.PID(name) != 0 {
+			return fmt.Errorf("starting %s: already running (state %s)", name, state)
+		}
+		// The guest runs but its filters died and stayed down (the guest is
+		// cut off meanwhile): bring the layers back without touching it.
+		m.progress("starting %s: the guest is running without its filters; restarting them", name)
+		if err := m.Firewall.Ensure(ctx, st.Bridge); err != nil {
+			return fmt.Errorf("starting %s: host firewall: %w", name, err)
+		}
+		if err := m.Daemon.Start(ctx, st); err != nil {
+			return fmt.Errorf("starting %s: filter daemon: %w", name, err)
+		}
+		return nil
 	}
 	var undo undoStack
 	defer func() {
