@@ -68,6 +68,11 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record
 		p.stats.intercepted.Add(1)
 		p.intercept(ctx, client, t, rec)
 	}
+	if rec.verdict == allowlist.Block {
+		// Refused after the 200 (SNI checks): the guest sees a closed
+		// connection; the id ties the log line to the report.
+		rec.denialID = newDenialID()
+	}
 	if rec.mode != "tunnel" {
 		// Intercepted bytes are counted per inner request; the tunnel line
 		// carries the raw totals of the connection.
@@ -226,7 +231,8 @@ func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target,
 // serveInnerH1 hands an intercepted HTTP/1.1 connection to the inner server
 // and waits until it is closed.
 func (p *Proxy) serveInnerH1(ctx context.Context, c net.Conn, sc *scope) {
-	ic := &innerConn{Conn: newH1Guard(c, p.cfg.MaxHeaderBytes, func(reason string) { p.countBlock(reason) }), sc: sc, done: make(chan struct{})}
+	onReject := func(reason string) { p.guardRefused(c.RemoteAddr().String(), sc.connect.Authority(), reason) }
+	ic := &innerConn{Conn: newH1Guard(c, p.cfg.MaxHeaderBytes, onReject), sc: sc, done: make(chan struct{})}
 	if err := p.innerLn.push(ctx, ic); err != nil {
 		c.Close()
 		return

@@ -145,6 +145,9 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record
 	p.rp.ServeHTTP(cw, r.WithContext(ctx))
 	if rec.status == 0 {
 		rec.status = cw.status
+		if rec.status == 0 && cw.upgrade {
+			rec.status = http.StatusSwitchingProtocols // ReverseProxy hijacked
+		}
 	}
 	p.finish(rec)
 }

@@ -280,6 +280,19 @@ func TestSmuggling(t *testing.T) {
 			})
 		}
 	}
+	t.Run("refusals are logged and counted", func(t *testing.T) {
+		for _, s := range shapes {
+			if s.reason == ReasonH2CUpgrade || s.reason == ReasonUpgradeRefused {
+				continue // decided by the handler, not the guard
+			}
+			if l := h.lastLog("reason", s.reason); l == nil || l["denial_id"] == nil {
+				t.Errorf("%s: no log line with a denial id for %s", s.name, s.reason)
+			}
+		}
+		if n := h.p.Stats().(Stats).BlockedByReason["obs_fold"]; n < 4 {
+			t.Errorf("blocked_by_reason[obs_fold] = %d, want >= 4", n)
+		}
+	})
 	t.Run("connect inside tunnel", func(t *testing.T) {
 		th := "origin.test:" + port(t, so)
 		for _, h2 := range []bool{false, true} {

@@ -302,12 +302,21 @@ func (p *Proxy) track(c net.Conn, release func()) net.Conn {
 	p.connsMu.Lock()
 	p.conns[ic] = struct{}{}
 	p.connsMu.Unlock()
-	return newH1Guard(ic, p.cfg.MaxHeaderBytes, func(reason string) {
-		p.countBlock(reason)
-		p.dlog.LogAttrs(context.Background(), slog.LevelInfo, "request",
-			slog.String("client", c.RemoteAddr().String()), slog.Int("status", 400),
-			slog.String("verdict", string(allowlist.Block)), slog.String("reason", reason))
-	})
+	return newH1Guard(ic, p.cfg.MaxHeaderBytes, func(reason string) { p.guardRefused(c.RemoteAddr().String(), "", reason) })
+}
+
+// guardRefused logs and counts a request the h1 guard refused before
+// net/http parsed it.
+func (p *Proxy) guardRefused(client, connect, reason string) {
+	status := 400
+	switch reason {
+	case "headers_too_large":
+		status = 431
+	case "unsupported_transfer_encoding":
+		status = 501
+	}
+	p.finish(&record{start: time.Now(), kind: "http", client: client, connect: connect, status: status,
+		verdict: allowlist.Block, reason: reason, denialID: newDenialID()})
 }
 
 type bufferPool struct{}
