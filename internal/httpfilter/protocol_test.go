@@ -579,3 +579,57 @@ func TestLogLine(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 }
+
+// TestPlainHTTPInsideConnect: bytes that are not TLS in a CONNECT tunnel
+// are served as HTTP under the same rules (Host must match, decided again).
+func TestPlainHTTPInsideConnect(t *testing.T) {
+	h := newHarness(t, hopts{allow: []string{"origin.test", "other.test"}})
+	o := newHTTPOrigin(t, originMux())
+	pt := port(t, o)
+	h.allowOrigin("origin.test", o, pt)
+	h.res.set("other.test", "127.0.0.1")
+	tests := []struct {
+		name, connect, host string
+		want                int
+		reason              string
+	}{
+		{"origin", "origin.test:" + pt, "origin.test:" + pt, 200, ""},
+		{"fronting", "origin.test:" + pt, "other.test:" + pt, 403, ReasonDomainFronting},
+		{"healthcheck", "healthcheck.abox.local:80", "healthcheck.abox.local", 200, "healthcheck"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := h.connect(t, tt.connect)
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			fmt.Fprintf(c, "GET /inside HTTP/1.1\r\nHost: %s\r\n\r\n", tt.host)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tt.want || resp.Header.Get("X-Abox-Reason") != tt.reason {
+				t.Errorf("got %d %q, want %d %q", resp.StatusCode, resp.Header.Get("X-Abox-Reason"), tt.want, tt.reason)
+			}
+		})
+	}
+}
+
+// TestUpstreamTimeout: an origin that never answers is a 504 with a reason.
+func TestUpstreamTimeout(t *testing.T) {
+	h := newHarness(t, hopts{allow: []string{"slow.test"}, respHeader: 300 * time.Millisecond})
+	release := make(chan struct{})
+	defer close(release)
+	o := newHTTPOrigin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	h.allowOrigin("slow.test", o, port(t, o))
+	resp, body := h.rawRequest(t, "GET http://slow.test:"+port(t, o)+"/ HTTP/1.1\r\nHost: slow.test\r\n\r\n")
+	checkRefusal(t, resp, body, 504, ReasonUpstreamTimeout, "slow.test")
+	if strings.Contains(body, "timeout awaiting") {
+		t.Errorf("body leaks the transport error: %q", body)
+	}
+}
