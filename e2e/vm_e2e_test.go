@@ -24,28 +24,26 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/e2e/harness"
+	"github.com/abox-dev/abox/e2e/lab"
 	"github.com/abox-dev/abox/internal/hostfw"
 	"github.com/abox-dev/abox/internal/image"
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/paths"
 )
 
-// The origin network stands in for the internet: a second namespace joined
-// to the test namespace by a veth pair, with public-looking addresses that
-// exist only there.
-const (
-	originNS   = harness.Prefix + "vm-origin"
-	hostSide   = "11.22.33.1"  // the test namespace's end of the veth
-	originIP   = "11.22.33.44" // HTTP(S) origin and a UDP DNS responder
-	upstreamDN = "127.0.0.1:5300"
-	proxyPort  = 3128
+const proxyPort = instance.DefaultProxyPort
+
+var (
+	originIP   = lab.OriginIP
+	hostSide   = lab.HostSide
+	upstreamDN = lab.Upstream
 )
 
 type suite struct {
 	t    *testing.T
 	ctx  context.Context
+	lab  *lab.Lab
 	env  *harness.Env
-	bin  string // directory of abox, fakedns, testorigin
 	home string // ABOX_HOME
 	tmp  string
 }
@@ -54,12 +52,7 @@ type suite struct {
 func (s *suite) abox(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Minute)
 	defer cancel()
-	cmd := s.env.NetCommand(ctx, filepath.Join(s.bin, "abox"), args...)
-	cmd.Env = append(os.Environ(), paths.EnvHome+"="+s.home, "ABOX_LIBVIRT_SOCKET="+s.env.Socket)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	return out.String(), err
+	return s.lab.Abox(ctx, args...)
 }
 
 func (s *suite) mustAbox(args ...string) string {
@@ -97,13 +90,6 @@ func TestVM(t *testing.T) {
 	defer cancel()
 	s := &suite{t: t, ctx: ctx, tmp: t.TempDir()}
 	os.Chmod(s.tmp, 0o755)
-	s.bin = filepath.Join(s.tmp, "bin")
-	for _, tool := range []string{"cmd/abox", "tools/fakedns", "tools/testorigin"} {
-		if out, err := run(ctx, "go", "build", "-o", filepath.Join(s.bin, filepath.Base(tool)), "../"+tool); err != nil {
-			t.Fatalf("building %s: %v\n%s", tool, err, out)
-		}
-	}
-
 	t0 := time.Now()
 	built, err := image.Builder{Run: image.ExecRunner{}}.BuildDebian12(ctx, os.Getenv("ABOX_DEBIAN_MIRROR"), os.Getenv("ABOX_IMAGE_CACHE"), nil)
 	if err != nil {
@@ -111,13 +97,11 @@ func TestVM(t *testing.T) {
 	}
 	t.Logf("base image ready in %s (cached: %v)", time.Since(t0).Round(time.Second), built.Cached)
 
-	run(ctx, "ip", "netns", "del", originNS)
-	env, err := harness.Start(ctx, "vm", harness.Options{Logf: t.Logf})
+	l, err := lab.Start(ctx, "..", "vm", t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.env = env
-	s.home = filepath.Join(env.Dir, "home")
+	s.lab, s.env, s.home = l, l.Env, l.Home
 	t.Cleanup(func() {
 		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer ccancel()
@@ -137,19 +121,17 @@ func TestVM(t *testing.T) {
 				t.Logf("remove %s: %v\n%s", n, err, out)
 			}
 		}
-		run(cctx, "ip", "netns", "del", originNS)
-		if err := env.Close(cctx); err != nil {
+		if err := l.Close(cctx); err != nil {
 			t.Errorf("teardown: %v", err)
 		}
 	})
 
-	s.setupOrigin()
 	// The build above filled the cache: this installs it without rebuilding.
 	s.mustAbox("base", "build", "debian-12")
 
 	allow := filepath.Join(s.tmp, "allow.txt")
 	os.WriteFile(allow, []byte("allowed.test\n*.allowed.test\nprivate.test\nloop.test\n"), 0o644)
-	common := []string{"--accel", "tcg", "--cpus", "1", "--upstream", upstreamDN, "--upstream-ca", filepath.Join(s.tmp, "origin-ca.pem")}
+	common := []string{"--accel", "tcg", "--cpus", "1", "--upstream", upstreamDN, "--upstream-ca", l.OriginCA}
 	s.mustAbox(append([]string{"create", "dev", "--memory", "1024", "--allowlist", allow}, common...)...)
 	s.mustAbox(append([]string{"create", "peer", "--memory", "768"}, common...)...)
 	dev := s.state("dev")
@@ -196,9 +178,9 @@ func TestVM(t *testing.T) {
 	// keep a request away from the proxy under test.
 	curl := func(args string) string { return "curl -sS -m 15 --noproxy '' -o /dev/null -w '%{http_code}' " + args }
 
-	// A listener on every address of the test namespace (the host): if the
-	// guest could reach a host port other than DNS and the proxy, it would answer.
-	s.startHostListener()
+	// lab runs a listener on every address of the test namespace (the host,
+	// lab.HostListen): if the guest could reach a host port other than DNS
+	// and the proxy, it would answer.
 
 	t.Run("allowlisted name resolves", func(t *testing.T) {
 		out := s.mustGuest(t, "dev", "dig +short +tries=1 +time=5 @"+gw+" allowed.test")
@@ -429,7 +411,7 @@ func TestVM(t *testing.T) {
 		}
 		// iptables-nft reports a missing chain as "incompatible" when the
 		// table holds libvirt's rules, so look at the whole table instead.
-		if out, err := s.inNS(10*time.Second, "iptables", "-w", "10", "-S"); err != nil || strings.Contains(out, hostfw.ChainName(peer.Bridge)) {
+		if out, err := s.inNS(10*time.Second, "iptables", "-w", "10", "-t", hostfw.Table, "-S"); err != nil || strings.Contains(out, hostfw.ChainName(peer.Bridge)) {
 			t.Errorf("firewall chain still present (%v):\n%s", err, out)
 		}
 		if out, _ := s.env.Virsh(s.ctx, "list", "--all", "--name"); strings.Contains(out, "abox-peer") {
@@ -473,53 +455,6 @@ func (s *suite) waitSSH(name string, timeout time.Duration) error {
 		return fmt.Errorf("%s never answered ssh: %v (last: %s)", name, err, strings.TrimSpace(last))
 	}
 	return nil
-}
-
-// setupOrigin makes the origin namespace with an HTTP(S) server and a UDP
-// DNS responder on originIP, and the upstream resolver in the test namespace.
-func (s *suite) setupOrigin() {
-	t := s.t
-	sh := func(args ...string) {
-		t.Helper()
-		if out, err := run(s.ctx, args[0], args[1:]...); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-	sh("ip", "netns", "add", originNS)
-	sh("ip", "-n", s.env.Name, "link", "add", "abx-vo0", "type", "veth", "peer", "name", "abx-vo1", "netns", originNS)
-	sh("ip", "-n", s.env.Name, "addr", "add", hostSide+"/24", "dev", "abx-vo0")
-	sh("ip", "-n", s.env.Name, "link", "set", "abx-vo0", "up")
-	sh("ip", "-n", originNS, "addr", "add", originIP+"/24", "dev", "abx-vo1")
-	sh("ip", "-n", originNS, "link", "set", "abx-vo1", "up")
-	sh("ip", "-n", originNS, "link", "set", "lo", "up")
-	sh("ip", "-n", originNS, "route", "add", "10.10.0.0/16", "via", hostSide)
-
-	ca := filepath.Join(s.tmp, "origin-ca.pem")
-	s.background(exec.Command("ip", "netns", "exec", originNS, filepath.Join(s.bin, "testorigin"),
-		"--http", originIP+":80", "--https", originIP+":443", "--names", "allowed.test,www.allowed.test,late.test,"+originIP, "--ca-out", ca))
-	records := []string{"--a", "allowed.test=" + originIP, "--a", "www.allowed.test=" + originIP, "--a", "blocked.test=" + originIP,
-		"--a", "late.test=" + originIP, "--a", "private.test=10.0.0.5", "--a", "loop.test=127.0.0.1"}
-	s.background(exec.Command("ip", append([]string{"netns", "exec", originNS, filepath.Join(s.bin, "fakedns"), "--listen", originIP + ":53"}, records...)...))
-	s.background(exec.Command("ip", append([]string{"netns", "exec", s.env.Name, filepath.Join(s.bin, "fakedns"), "--listen", upstreamDN}, records...)...))
-	if err := poll(s.ctx, 20*time.Second, func() bool { _, err := os.Stat(ca); return err == nil }); err != nil {
-		t.Fatal("the origin did not start")
-	}
-}
-
-func (s *suite) startHostListener() {
-	s.background(exec.Command("ip", "netns", "exec", s.env.Name, filepath.Join(s.bin, "testorigin"), "--http", ":8081", "--https", "", "--body", "HOST SERVICE"))
-}
-
-func (s *suite) background(cmd *exec.Cmd) {
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		s.t.Fatal(err)
-	}
-	s.t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
 }
 
 var pidRE = regexp.MustCompile(`^\d+$`)

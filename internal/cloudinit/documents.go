@@ -56,6 +56,7 @@ type networkConfig struct {
 
 type ethernet struct {
 	Match       match       `yaml:"match"`
+	SetName     string      `yaml:"set-name"`
 	DHCP4       bool        `yaml:"dhcp4"`
 	DHCP6       bool        `yaml:"dhcp6"`
 	Addresses   []quoted    `yaml:"addresses"`
@@ -123,7 +124,10 @@ func NetworkConfig(c Config) ([]byte, error) {
 	nc := networkConfig{
 		Version: 2,
 		Ethernets: map[string]ethernet{"abox0": {
-			Match:       match{MACAddress: quoted(strings.ToLower(c.MAC))},
+			Match: match{MACAddress: quoted(strings.ToLower(c.MAC))},
+			// A stable name the base image's networkd drop-ins can rely on
+			// (the debian-12 image turns IPv6 off on eth0).
+			SetName:     "eth0",
 			Addresses:   []quoted{quoted(c.guestPrefix())},
 			Routes:      []route{{To: "0.0.0.0/0", Via: quoted(c.Gateway.String())}},
 			Nameservers: nameservers{Addresses: []quoted{quoted(c.Gateway.String())}},
