@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -75,12 +76,20 @@ func TestHTTPServeRuns(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(ctx) }()
-	buf := make([]byte, 4096)
-	n, err := pr.Read(buf)
-	if err != nil {
-		t.Fatalf("reading readiness line: %v", err)
+	// stderr carries the JSON diagnostics too; find the readiness line and
+	// keep draining so the server never blocks on a full pipe.
+	sc := bufio.NewScanner(pr)
+	var line string
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "abox: http filter") {
+			line = sc.Text()
+			break
+		}
 	}
-	line := string(buf[:n])
+	go func() {
+		for sc.Scan() {
+		}
+	}()
 	i, j := strings.Index(line, " on "), strings.Index(line, ", ports")
 	if i < 0 || j < i {
 		t.Fatalf("readiness line %q lacks the address", line)
