@@ -20,6 +20,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/ca"
 	"github.com/abox-dev/abox/internal/daemon"
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/httpfilter"
 	"github.com/abox-dev/abox/internal/logring"
 	"github.com/abox-dev/abox/internal/netclass"
@@ -211,7 +212,11 @@ func runHTTPServe(ctx context.Context, e *env, o *httpServeOptions) error {
 		out = f
 	}
 	ring := logring.New(2000)
-	log := slog.New(slog.NewJSONHandler(io.MultiWriter(out, ring), nil))
+	// Decision lines go to the file and the ring in batches from a goroutine
+	// of their own: one write per batch, not one syscall per request.
+	dlog := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{out, ring}})
+	defer dlog.Close()
+	log := slog.New(slog.NewJSONHandler(dlog, nil))
 
 	pol, err := policy.New(policy.Config{AllowlistPath: allow, Logger: log})
 	if err != nil {

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/ca"
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/httpfilter"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
@@ -84,6 +85,7 @@ type env struct {
 	proxyRoots *x509.CertPool
 	origRoots  *x509.CertPool
 	proxy      *httpfilter.Proxy
+	closers    []func() error
 }
 
 func run() error {
@@ -95,7 +97,17 @@ func run() error {
 	flag.StringVar(&o.logMode, "log", "file", "decision log of the proxy: file (a JSON line per request to a temp file, as `abox http serve --log-file`) or none")
 	flag.StringVar(&o.only, "only", "", "run only this part: rps, mbps or memory")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to FILE")
+	memprofile := flag.String("memprofile", "", "write an allocation profile at the end to FILE")
 	flag.Parse()
+	if *memprofile != "" {
+		runtime.MemProfileRate = 4096
+		defer func() {
+			if f, err := os.Create(*memprofile); err == nil {
+				pprof.Lookup("allocs").WriteTo(f, 0)
+				f.Close()
+			}
+		}()
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
@@ -249,7 +261,10 @@ func (e *env) start() (func(), error) {
 	}
 	var dlog *slog.Logger
 	if e.o.logMode == "file" {
-		dlog = slog.New(slog.NewJSONHandler(logf, nil)) // as `abox http serve --log-file`
+		// As `abox http serve --log-file`: batched to the file.
+		dw := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{logf}})
+		e.closers = append(e.closers, dw.Close)
+		dlog = slog.New(slog.NewJSONHandler(dw, nil))
 	}
 	hp, _ := strconv.Atoi(portOf(e.httpOrigin.URL))
 	tp, _ := strconv.Atoi(portOf(e.tlsOrigin.URL))
@@ -277,6 +292,9 @@ func (e *env) start() (func(), error) {
 		<-done
 		e.httpOrigin.Close()
 		e.tlsOrigin.Close()
+		for _, c := range e.closers {
+			c()
+		}
 		logf.Close()
 	}, nil
 }
