@@ -152,7 +152,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 	if st.Bridge, err = m.allocateBridge(spec.Name); err != nil {
 		return State{}, nil, err
 	}
-	if st.MAC, err = validate.NewMAC(rand.Reader); err != nil {
+	if st.MAC, err = m.allocateMAC(); err != nil {
 		return State{}, nil, err
 	}
 
@@ -435,6 +435,29 @@ func (m *Manager) allocateBridge(name string) (string, error) {
 		return "", err
 	}
 	return br, nil
+}
+
+// allocateMAC draws a random locally administered MAC that no other
+// instance has (the caller holds the global lock).
+func (m *Manager) allocateMAC() (string, error) {
+	others, err := ListStates(m.Layout)
+	if err != nil {
+		return "", err
+	}
+	used := map[string]bool{}
+	for _, o := range others {
+		used[strings.ToLower(o.MAC)] = true
+	}
+	for range 100 {
+		mac, err := validate.NewMAC(rand.Reader)
+		if err != nil {
+			return "", err
+		}
+		if !used[strings.ToLower(mac)] {
+			return mac, nil
+		}
+	}
+	return "", errors.New("allocating a MAC address: no free address found")
 }
 
 func newUUID() string {
