@@ -41,6 +41,7 @@ type fwdState struct {
 // ServeHTTP handles the guest's connection to the proxy: absolute-form
 // plain HTTP and CONNECT; anything else is a 400 that says what to send.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w = closeAfterUpgrade(w, r)
 	rec := &record{start: time.Now(), kind: "http", client: r.RemoteAddr, method: r.Method}
 	switch {
 	case r.Method == http.MethodConnect:
@@ -80,6 +81,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // serveInner handles a request inside an intercepted tunnel. Its Host (or
 // :authority) must name the CONNECT target, and it is decided again.
 func (p *Proxy) serveInner(w http.ResponseWriter, r *http.Request) {
+	w = closeAfterUpgrade(w, r)
 	sc, _ := r.Context().Value(scopeKey{}).(*scope)
 	rec := &record{start: time.Now(), kind: "inner", client: r.RemoteAddr, method: r.Method, path: pathOnly(r)}
 	if sc == nil {
@@ -141,7 +143,7 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &rec.up}
 	}
-	cw := &countingWriter{ResponseWriter: w, rec: rec, upgrade: r.Header.Get("Upgrade") != ""}
+	cw := &countingWriter{ResponseWriter: w, rec: rec, upgrade: len(r.Header["Upgrade"]) > 0}
 	p.rp.ServeHTTP(cw, r.WithContext(ctx))
 	if rec.status == 0 {
 		rec.status = cw.status
@@ -252,6 +254,40 @@ func classifyUpstreamErr(err error) (int, string) {
 	return http.StatusBadGateway, ReasonUpstreamError
 }
 
+// closeAfterUpgrade makes any answer to an Upgrade request other than 101
+// close the connection: the h1 guard stops parsing a connection once it has
+// seen an Upgrade request, so nothing may follow on it unguarded.
+func closeAfterUpgrade(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
+	if r.ProtoMajor != 1 || len(r.Header["Upgrade"]) == 0 {
+		return w
+	}
+	return &upgradeCloser{ResponseWriter: w}
+}
+
+type upgradeCloser struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (u *upgradeCloser) WriteHeader(code int) {
+	if !u.wrote {
+		u.wrote = true
+		if code != http.StatusSwitchingProtocols {
+			u.Header().Set("Connection", "close")
+		}
+	}
+	u.ResponseWriter.WriteHeader(code)
+}
+
+func (u *upgradeCloser) Write(b []byte) (int, error) {
+	if !u.wrote {
+		u.WriteHeader(http.StatusOK)
+	}
+	return u.ResponseWriter.Write(b)
+}
+
+func (u *upgradeCloser) Unwrap() http.ResponseWriter { return u.ResponseWriter }
+
 // countingBody counts request body bytes sent upstream.
 type countingBody struct {
 	io.ReadCloser
@@ -264,9 +300,7 @@ func (b *countingBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// countingWriter counts response bytes and closes the client connection
-// after a refused upgrade, because the guard stops parsing a connection once
-// it has seen an Upgrade request.
+// countingWriter counts response bytes and records the status.
 type countingWriter struct {
 	http.ResponseWriter
 	rec     *record
@@ -277,9 +311,6 @@ type countingWriter struct {
 func (w *countingWriter) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code
-		if w.upgrade && code != http.StatusSwitchingProtocols {
-			w.Header().Set("Connection", "close")
-		}
 	}
 	w.ResponseWriter.WriteHeader(code)
 }

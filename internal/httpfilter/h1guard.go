@@ -29,6 +29,7 @@ type h1Guard struct {
 	hdrBytes int
 	first    bool
 	method   []byte
+	http10   bool // the request line names HTTP/1.0 (or older)
 	clSeen   bool
 	clVal    []byte
 	teSeen   bool
@@ -160,7 +161,7 @@ func (g *h1Guard) scan(b []byte) *guardReject {
 
 func (g *h1Guard) reset() {
 	g.st, g.first, g.hdrBytes = stHeader, true, 0
-	g.method, g.clSeen, g.clVal, g.teSeen, g.upgrade = g.method[:0], false, g.clVal[:0], false, false
+	g.method, g.http10, g.clSeen, g.clVal, g.teSeen, g.upgrade = g.method[:0], false, false, g.clVal[:0], false, false
 }
 
 // endLine handles one complete line (without its LF).
@@ -179,6 +180,7 @@ func (g *h1Guard) endLine(line []byte) *guardReject {
 			g.first = false
 			m, _, _ := bytes.Cut(line, []byte(" "))
 			g.method = append(g.method[:0], m...)
+			g.http10 = !bytes.HasSuffix(line, []byte(" HTTP/1.1"))
 			return nil
 		}
 		if len(line) == 0 {
@@ -262,6 +264,11 @@ func (g *h1Guard) headerLine(line []byte) *guardReject {
 func (g *h1Guard) endHeaders() *guardReject {
 	if g.clSeen && g.teSeen {
 		return &guardReject{400, "content_length_with_transfer_encoding"}
+	}
+	// net/http ignores Transfer-Encoding below HTTP/1.1 and would read the
+	// chunks as the next request; RFC 9112 6.1 calls such framing faulty.
+	if g.teSeen && g.http10 {
+		return &guardReject{400, "transfer_encoding_in_http10"}
 	}
 	switch {
 	case bytes.Equal(g.method, []byte("CONNECT")) || g.upgrade:
