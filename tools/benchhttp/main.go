@@ -4,7 +4,7 @@
 // new connection per request, and keep-alive), MB/s of one large body, and
 // the proxy's memory per 1,000 open tunnels.
 //
-//	go run ./tools/benchhttp -clients 8 -duration 1500ms
+//	go run ./tools/benchhttp -clients 8 -duration 1s -rounds 3
 package main
 
 import (
@@ -53,6 +53,7 @@ type options struct {
 	tunnels  int
 	logMode  string
 	only     string
+	rounds   int
 }
 
 // loopback resolves every name to 127.0.0.1, as a DNS upstream would.
@@ -91,8 +92,9 @@ type env struct {
 func run() error {
 	var o options
 	flag.IntVar(&o.clients, "clients", 8, "concurrent clients, one request in flight each")
-	flag.DurationVar(&o.duration, "duration", 1500*time.Millisecond, "measuring time per scenario and path")
-	flag.Int64Var(&o.bigSize, "big", 1<<30, "bytes of the large-body transfer")
+	flag.DurationVar(&o.duration, "duration", time.Second, "measuring time per scenario, path and round")
+	flag.IntVar(&o.rounds, "rounds", 3, "rounds alternating direct and proxied runs; the table shows each path's median")
+	flag.Int64Var(&o.bigSize, "big", 512<<20, "bytes of the large-body transfer")
 	flag.IntVar(&o.tunnels, "tunnels", 1000, "open tunnels for the memory figure")
 	flag.StringVar(&o.logMode, "log", "file", "decision log of the proxy: file (a JSON line per request to a temp file, as `abox http serve --log-file`) or none")
 	flag.StringVar(&o.only, "only", "", "run only this part: rps, mbps or memory")
@@ -160,17 +162,44 @@ func (e *env) rps(tlsPort string) {
 		if !keep {
 			conn = "new"
 		}
-		d := e.measure(e.client(keep, false, nil), httpURL)
-		p := e.measure(e.client(keep, true, nil), httpURL)
+		d, p := e.alternate(func() result { return e.measure(e.client(keep, false, nil), httpURL) },
+			func() result { return e.measure(e.client(keep, true, nil), httpURL) })
 		row(tw, "plain HTTP", conn, d, p, 0.5)
-		dt := e.measure(e.client(keep, false, e.origRoots), "https://mitm.bench:"+tlsPort+"/")
-		p = e.measure(e.client(keep, true, e.origRoots), "https://tunnel.bench:"+tlsPort+"/")
-		row(tw, "CONNECT tunnel", conn, dt, p, 0)
-		p = e.measure(e.client(keep, true, e.proxyRoots), "https://mitm.bench:"+tlsPort+"/")
-		row(tw, "intercepted HTTPS", conn, dt, p, 0)
+		d, p = e.alternate(func() result { return e.measure(e.client(keep, false, e.origRoots), "https://mitm.bench:"+tlsPort+"/") },
+			func() result {
+				return e.measure(e.client(keep, true, e.origRoots), "https://tunnel.bench:"+tlsPort+"/")
+			})
+		row(tw, "CONNECT tunnel", conn, d, p, 0)
+		d, p = e.alternate(func() result { return e.measure(e.client(keep, false, e.origRoots), "https://mitm.bench:"+tlsPort+"/") },
+			func() result { return e.measure(e.client(keep, true, e.proxyRoots), "https://mitm.bench:"+tlsPort+"/") })
+		row(tw, "intercepted HTTPS", conn, d, p, 0)
 	}
 	tw.Flush()
 	fmt.Println()
+}
+
+// alternate runs direct and proxied measurements in turns, so that a busy
+// neighbour on the machine hits both alike, and returns each one's median.
+func (e *env) alternate(direct, proxied func() result) (result, result) {
+	var ds, ps []result
+	for i := 0; i < e.o.rounds; i++ {
+		ds = append(ds, direct())
+		ps = append(ps, proxied())
+	}
+	return median(ds), median(ps)
+}
+
+func median(rs []result) result {
+	slices.SortFunc(rs, func(a, b result) int {
+		switch {
+		case a.rps < b.rps:
+			return -1
+		case a.rps > b.rps:
+			return 1
+		}
+		return 0
+	})
+	return rs[len(rs)/2]
 }
 
 func (e *env) mbps(tlsPort string) {
@@ -178,14 +207,16 @@ func (e *env) mbps(tlsPort string) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "large body (%d MiB)\tdirect MB/s\tproxy MB/s\tratio\tgoal\t\n", o.bigSize>>20)
 	big := "/big?n=" + strconv.FormatInt(o.bigSize, 10)
-	d := e.throughput(e.client(true, false, nil), "http://plain.bench:"+portOf(e.httpOrigin.URL)+big)
-	p := e.throughput(e.client(true, true, nil), "http://plain.bench:"+portOf(e.httpOrigin.URL)+big)
-	fmt.Fprintf(tw, "plain HTTP\t%.0f\t%.0f\t%.2f\t\t\n", d, p, p/d)
-	d = e.throughput(e.client(true, false, e.origRoots), "https://mitm.bench:"+tlsPort+big)
-	p = e.throughput(e.client(true, true, e.origRoots), "https://tunnel.bench:"+tlsPort+big)
-	fmt.Fprintf(tw, "CONNECT tunnel\t%.0f\t%.0f\t%.2f\t%s\t\n", d, p, p/d, goal(p/d, 0.9))
-	p = e.throughput(e.client(true, true, e.proxyRoots), "https://mitm.bench:"+tlsPort+big)
-	fmt.Fprintf(tw, "intercepted HTTPS\t%.0f\t%.0f\t%.2f\t%s\t\n", d, p, p/d, goal(p/d, 0.5))
+	plain := "http://plain.bench:" + portOf(e.httpOrigin.URL) + big
+	tput := func(keep, via bool, roots *x509.CertPool, u string) func() result {
+		return func() result { return result{rps: e.throughput(e.client(keep, via, roots), u)} }
+	}
+	d, p := e.alternate(tput(true, false, nil, plain), tput(true, true, nil, plain))
+	fmt.Fprintf(tw, "plain HTTP\t%.0f\t%.0f\t%.2f\t\t\n", d.rps, p.rps, p.rps/d.rps)
+	d, p = e.alternate(tput(true, false, e.origRoots, "https://mitm.bench:"+tlsPort+big), tput(true, true, e.origRoots, "https://tunnel.bench:"+tlsPort+big))
+	fmt.Fprintf(tw, "CONNECT tunnel\t%.0f\t%.0f\t%.2f\t%s\t\n", d.rps, p.rps, p.rps/d.rps, goal(p.rps/d.rps, 0.9))
+	d, p = e.alternate(tput(true, false, e.origRoots, "https://mitm.bench:"+tlsPort+big), tput(true, true, e.proxyRoots, "https://mitm.bench:"+tlsPort+big))
+	fmt.Fprintf(tw, "intercepted HTTPS\t%.0f\t%.0f\t%.2f\t%s\t\n", d.rps, p.rps, p.rps/d.rps, goal(p.rps/d.rps, 0.5))
 	tw.Flush()
 	fmt.Println()
 }
