@@ -1,4 +1,7 @@
-// Package hostfw owns abox's host firewall chains: a per-bridge FORWARD default-deny chain in iptables and ip6tables.
+// Package hostfw owns abox's host firewall chains, per bridge and in both
+// iptables and ip6tables: a FORWARD default-deny chain, and an OUTPUT chain
+// that lets the host send into the bridge only replies and new SSH
+// connections (IPv4) or nothing (IPv6).
 package hostfw
 
 import (
@@ -8,6 +11,7 @@ import (
 	"fmt"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/abox-dev/abox/internal/validate"
@@ -42,15 +46,90 @@ func (ExecRunner) Run(ctx context.Context, name string, args ...string) ([]byte,
 // pushed below them and never sees, for example, a routed connection from
 // the LAN to the guest's port 22. mangle/FORWARD is traversed before
 // filter/FORWARD and libvirt leaves it alone, so our DROP always comes
-// first and survives libvirt restarting networks or filters.
+// first and survives libvirt restarting networks or filters. Likewise
+// mangle/OUTPUT comes before filter/OUTPUT, for the host's own packets.
 const Table = "mangle"
 
-// ChainPrefix starts every chain abox owns; the rest is the bridge name.
-// iptables allows 28 characters, a bridge at most 15, so names always fit.
+// ChainPrefix starts the FORWARD chain of a bridge; the rest is the
+// bridge name. iptables allows 28 characters, a bridge at most 15, so names
+// always fit.
 const ChainPrefix = "ABOX-"
+
+// OutputChainPrefix starts the OUTPUT chain of a bridge.
+const OutputChainPrefix = "ABOXO-"
 
 // ChainName is the FORWARD chain for a bridge.
 func ChainName(bridge string) string { return ChainPrefix + bridge }
+
+// OutputChainName is the OUTPUT chain for a bridge: what the host itself
+// sends into the bridge. libvirt's nwfilter sees only bridged traffic, so
+// without this chain any host process could open connections to the guest.
+func OutputChainName(bridge string) string { return OutputChainPrefix + bridge }
+
+// jump is a rule in a built-in chain that sends a bridge's traffic to one
+// of our chains.
+type jump struct {
+	rule []string // as given to -C, -I and -D, starting with the built-in chain
+	what string   // for messages
+}
+
+// chainSpec is one chain abox owns for a bridge: what it must hold and
+// where it is jumped to from.
+type chainSpec struct {
+	name string
+	// returns are the rules, in order and without the leading "-A name",
+	// that let traffic through (RETURN, so the rest of the table and the
+	// filter table still apply). Each is written exactly as iptables -S
+	// prints it, so that an intact chain compares equal and Ensure leaves
+	// it alone. A final DROP always follows; it is not listed here.
+	returns [][]string
+	jumps   []jump
+}
+
+var dropSpec = []string{"-j", "DROP"}
+
+// rules is the whole content of the chain as iptables -S prints it
+// (without the -N line).
+func (c chainSpec) rules() []string {
+	var rs []string
+	for _, r := range append(slices.Clone(c.returns), dropSpec) {
+		rs = append(rs, strings.Join(append([]string{"-A", c.name}, r...), " "))
+	}
+	return rs
+}
+
+// specs lists the chains tool must have for bridge, in the order Ensure
+// builds them.
+func specs(tool, bridge string) []chainSpec {
+	fwd, out := ChainName(bridge), OutputChainName(bridge)
+	// The host may send into the bridge only replies (to the guest's DNS,
+	// proxy and ICMP traffic to the gateway, and on SSH connections) and
+	// new SSH connections: the design's one new inbound connection.
+	// IPv6 is dropped everywhere, so ip6tables gets the bare DROP.
+	var outReturns [][]string
+	if tool == "iptables" {
+		outReturns = [][]string{
+			{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN"},
+			{"-p", "tcp", "-m", "tcp", "--dport", "22", "-m", "conntrack", "--ctstate", "NEW", "-j", "RETURN"},
+		}
+	}
+	return []chainSpec{
+		{
+			name: fwd,
+			jumps: []jump{
+				{[]string{"FORWARD", "-i", bridge, "-j", fwd}, "FORWARD jump for traffic from " + bridge},
+				{[]string{"FORWARD", "-o", bridge, "-j", fwd}, "FORWARD jump for traffic to " + bridge},
+			},
+		},
+		{
+			name:    out,
+			returns: outReturns,
+			jumps: []jump{
+				{[]string{"OUTPUT", "-o", bridge, "-j", out}, "OUTPUT jump for traffic from the host to " + bridge},
+			},
+		},
+	}
+}
 
 // Firewall manages the chains through a Runner. The zero value is not
 // usable; use New.
@@ -95,9 +174,6 @@ func (f *Firewall) chainRules(ctx context.Context, tool, chain string) (rules []
 	return rules, true, nil
 }
 
-// wantRules is the whole content of a bridge chain.
-func wantRules(bridge string) []string { return []string{"-A " + ChainName(bridge) + " -j DROP"} }
-
 // absent reports whether err is iptables' exit status 1, which -C and -S
 // use for "no such rule/chain"; any other failure (missing binary, no
 // permission, lock timeout) is a real error.
@@ -119,135 +195,140 @@ func (f *Firewall) exists(ctx context.Context, tool string, args ...string) (boo
 	return false, err
 }
 
-func jumpIn(bridge string) []string {
-	return []string{"FORWARD", "-i", bridge, "-j", ChainName(bridge)}
-}
-func jumpOut(bridge string) []string {
-	return []string{"FORWARD", "-o", bridge, "-j", ChainName(bridge)}
-}
-func dropRule(bridge string) []string {
-	return []string{ChainName(bridge), "-j", "DROP"}
-}
-
-// Ensure makes the bridge's chain exist, end in DROP, and be jumped to
-// from the top of FORWARD for traffic entering and leaving the bridge. It
-// changes only what is missing, so it is safe to run on every start and
-// after libvirt restarts a network. The chain is filled before the jumps
-// are added, so there is never a jump into an empty (accepting) chain.
+// Ensure makes each of the bridge's chains exist and hold exactly its
+// rules, ending in DROP, and be jumped to from the top of the built-in
+// chain: FORWARD for traffic entering and leaving the bridge, OUTPUT for
+// traffic the host itself sends into it. It changes only what is missing
+// or wrong, so it is safe to run on every start and after libvirt restarts
+// a network. A chain is filled before its jumps are added, so there is
+// never a jump into an empty (accepting) chain.
 func (f *Firewall) Ensure(ctx context.Context, bridge string) error {
 	if err := validate.Bridge(bridge); err != nil {
 		return fmt.Errorf("ensuring host firewall: %w", err)
 	}
-	chain := ChainName(bridge)
 	for _, tool := range f.tools {
-		if err := f.ensureChain(ctx, tool, bridge); err != nil {
-			return fmt.Errorf("ensuring %s chain %s: %w", tool, chain, err)
-		}
-		for _, j := range []struct {
-			rule   []string
-			reason string
-		}{
-			{jumpIn(bridge), "inbound jump"},
-			{jumpOut(bridge), "outbound jump"},
-		} {
-			ok, err := f.exists(ctx, tool, append([]string{"-C"}, j.rule...)...)
-			if err != nil {
-				return fmt.Errorf("ensuring %s %s for %s: %w", tool, j.reason, bridge, err)
+		for _, c := range specs(tool, bridge) {
+			if err := f.ensureChain(ctx, tool, c); err != nil {
+				return fmt.Errorf("ensuring %s chain %s: %w", tool, c.name, err)
 			}
-			if ok {
-				continue
-			}
-			// Inserted at the top: an accepting rule someone else puts in
-			// mangle/FORWARD must not come first.
-			if err := f.ipt(ctx, tool, append([]string{"-I"}, j.rule...)...); err != nil {
-				return fmt.Errorf("ensuring %s %s for %s: %w", tool, j.reason, bridge, err)
+			for _, j := range c.jumps {
+				ok, err := f.exists(ctx, tool, append([]string{"-C"}, j.rule...)...)
+				if err != nil {
+					return fmt.Errorf("ensuring %s %s: %w", tool, j.what, err)
+				}
+				if ok {
+					continue
+				}
+				// Inserted at the top: an accepting rule someone else
+				// puts in the built-in chain must not come first.
+				if err := f.ipt(ctx, tool, append([]string{"-I"}, j.rule...)...); err != nil {
+					return fmt.Errorf("ensuring %s %s: %w", tool, j.what, err)
+				}
 			}
 		}
 	}
 	return nil
 }
 
-// ensureChain makes the chain hold exactly one rule, DROP. A chain that
-// was tampered with (say an ACCEPT added in front) is repaired by first
-// putting DROP at the top and only then deleting the rest, so the chain
-// never accepts anything in between.
-func (f *Firewall) ensureChain(ctx context.Context, tool, bridge string) error {
-	chain := ChainName(bridge)
-	rules, ok, err := f.chainRules(ctx, tool, chain)
+// ensureChain makes the chain exist and hold exactly c.rules(). The
+// leading rules that are already right are kept; at the first one that is
+// not, DROP is put in first, then everything after that DROP is deleted,
+// and only then are the missing wanted rules inserted in front of the
+// DROP, in order. So a tampered chain (say an ACCEPT added) never lets
+// through more than the wanted rules do at any moment of the repair, and
+// replies on connections already open keep flowing when the conntrack rule
+// at the top is intact.
+func (f *Firewall) ensureChain(ctx context.Context, tool string, c chainSpec) error {
+	have, ok, err := f.chainRules(ctx, tool, c.name)
 	if err != nil {
 		return err
 	}
 	if !ok {
-		if err := f.ipt(ctx, tool, "-N", chain); err != nil {
+		if err := f.ipt(ctx, tool, "-N", c.name); err != nil {
 			return fmt.Errorf("creating: %w", err)
 		}
 	}
-	want := wantRules(bridge)
-	if slices.Equal(rules, want) {
+	want := c.rules()
+	if slices.Equal(have, want) {
 		return nil
 	}
-	if len(rules) == 0 || rules[0] != want[0] {
-		if err := f.ipt(ctx, tool, append([]string{"-I", chain, "1"}, dropRule(bridge)[1:]...)...); err != nil {
+	drop := want[len(want)-1]
+	k := 0 // have[:k] == want[:k], and want[k:] still includes the DROP
+	for k < len(have) && k < len(c.returns) && have[k] == want[k] {
+		k++
+	}
+	if k == len(have) || have[k] != drop {
+		if err := f.ipt(ctx, tool, append([]string{"-I", c.name, strconv.Itoa(k + 1)}, dropSpec...)...); err != nil {
 			return fmt.Errorf("adding drop rule: %w", err)
 		}
-		rules = append(want, rules...)
+		have = slices.Insert(have, k, drop)
 	}
-	for range rules[1:] {
-		if err := f.ipt(ctx, tool, "-D", chain, "2"); err != nil {
+	for range have[k+1:] {
+		if err := f.ipt(ctx, tool, "-D", c.name, strconv.Itoa(k+2)); err != nil {
 			return fmt.Errorf("deleting foreign rule: %w", err)
+		}
+	}
+	for i := k; i < len(c.returns); i++ {
+		if err := f.ipt(ctx, tool, append([]string{"-I", c.name, strconv.Itoa(i + 1)}, c.returns[i]...)...); err != nil {
+			return fmt.Errorf("adding rule %q: %w", want[i], err)
 		}
 	}
 	return nil
 }
 
-// Remove deletes the bridge's jumps and chain; whatever is already gone
+// Remove deletes the bridge's jumps and chains; whatever is already gone
 // is skipped, so it is safe to repeat and to run after a partial Ensure.
 // Every step is attempted and all errors are reported.
 func (f *Firewall) Remove(ctx context.Context, bridge string) error {
 	if err := validate.Bridge(bridge); err != nil {
 		return fmt.Errorf("removing host firewall: %w", err)
 	}
-	chain := ChainName(bridge)
 	var errs []error
 	for _, tool := range f.tools {
-		// No chain means no jumps: iptables refuses to delete a chain that
-		// is still jumped to. Probing a jump to a missing chain is an
-		// error (exit status 2), not "absent", so look at the chain first.
-		ok, err := f.exists(ctx, tool, "-S", chain)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("removing %s chain %s: %w", tool, chain, err))
-			continue
-		}
-		if !ok {
-			continue
-		}
-		for _, j := range [][]string{jumpIn(bridge), jumpOut(bridge)} {
-			// Loop: a crash between -C and -I elsewhere could have left a
-			// duplicate jump, and -D removes one at a time.
-			for i := 0; i < 16; i++ {
-				ok, err := f.exists(ctx, tool, append([]string{"-C"}, j...)...)
-				if err != nil {
-					errs = append(errs, fmt.Errorf("removing %s jump to %s: %w", tool, chain, err))
-					break
-				}
-				if !ok {
-					break
-				}
-				if err := f.ipt(ctx, tool, append([]string{"-D"}, j...)...); err != nil {
-					errs = append(errs, fmt.Errorf("removing %s jump to %s: %w", tool, chain, err))
-					break
-				}
-			}
-		}
-		if err := f.ipt(ctx, tool, "-F", chain); err != nil {
-			errs = append(errs, fmt.Errorf("removing %s chain %s: flushing: %w", tool, chain, err))
-			continue
-		}
-		if err := f.ipt(ctx, tool, "-X", chain); err != nil {
-			errs = append(errs, fmt.Errorf("removing %s chain %s: deleting: %w", tool, chain, err))
+		for _, c := range specs(tool, bridge) {
+			errs = append(errs, f.removeChain(ctx, tool, c)...)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+func (f *Firewall) removeChain(ctx context.Context, tool string, c chainSpec) []error {
+	// No chain means no jumps: iptables refuses to delete a chain that is
+	// still jumped to. Probing a jump to a missing chain is an error (exit
+	// status 2), not "absent", so look at the chain first.
+	ok, err := f.exists(ctx, tool, "-S", c.name)
+	if err != nil {
+		return []error{fmt.Errorf("removing %s chain %s: %w", tool, c.name, err)}
+	}
+	if !ok {
+		return nil
+	}
+	var errs []error
+	for _, j := range c.jumps {
+		// Loop: a crash between -C and -I elsewhere could have left a
+		// duplicate jump, and -D removes one at a time.
+		for i := 0; i < 16; i++ {
+			ok, err := f.exists(ctx, tool, append([]string{"-C"}, j.rule...)...)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("removing %s %s: %w", tool, j.what, err))
+				break
+			}
+			if !ok {
+				break
+			}
+			if err := f.ipt(ctx, tool, append([]string{"-D"}, j.rule...)...); err != nil {
+				errs = append(errs, fmt.Errorf("removing %s %s: %w", tool, j.what, err))
+				break
+			}
+		}
+	}
+	if err := f.ipt(ctx, tool, "-F", c.name); err != nil {
+		return append(errs, fmt.Errorf("removing %s chain %s: flushing: %w", tool, c.name, err))
+	}
+	if err := f.ipt(ctx, tool, "-X", c.name); err != nil {
+		errs = append(errs, fmt.Errorf("removing %s chain %s: deleting: %w", tool, c.name, err))
+	}
+	return errs
 }
 
 // Status says which parts of a bridge's firewall are in place.
@@ -266,32 +347,29 @@ func (f *Firewall) Check(ctx context.Context, bridge string) (Status, error) {
 	if err := validate.Bridge(bridge); err != nil {
 		return st, fmt.Errorf("checking host firewall: %w", err)
 	}
-	chain := ChainName(bridge)
 	for _, tool := range f.tools {
-		rules, ok, err := f.chainRules(ctx, tool, chain)
-		if err != nil {
-			return st, fmt.Errorf("checking %s chain %s: %w", tool, chain, err)
-		}
-		if !ok {
-			st.Problems = append(st.Problems, fmt.Sprintf("%s: chain %s missing", tool, chain))
-			continue
-		}
-		if !slices.Equal(rules, wantRules(bridge)) {
-			st.Problems = append(st.Problems, fmt.Sprintf("%s: chain %s holds %q, want only %q", tool, chain, rules, wantRules(bridge)))
-		}
-		for _, c := range []struct {
-			rule []string
-			what string
-		}{
-			{jumpIn(bridge), "FORWARD jump for traffic from " + bridge},
-			{jumpOut(bridge), "FORWARD jump for traffic to " + bridge},
-		} {
-			ok, err := f.exists(ctx, tool, append([]string{"-C"}, c.rule...)...)
+		for _, c := range specs(tool, bridge) {
+			rules, ok, err := f.chainRules(ctx, tool, c.name)
 			if err != nil {
-				return st, fmt.Errorf("checking %s %s: %w", tool, c.what, err)
+				return st, fmt.Errorf("checking %s chain %s: %w", tool, c.name, err)
 			}
 			if !ok {
-				st.Problems = append(st.Problems, fmt.Sprintf("%s: %s missing", tool, c.what))
+				// Without the chain no jump to it can exist (and -C on
+				// one would be an error), so this is the whole problem.
+				st.Problems = append(st.Problems, fmt.Sprintf("%s: chain %s missing", tool, c.name))
+				continue
+			}
+			if want := c.rules(); !slices.Equal(rules, want) {
+				st.Problems = append(st.Problems, fmt.Sprintf("%s: chain %s holds %q, want exactly %q", tool, c.name, rules, want))
+			}
+			for _, j := range c.jumps {
+				ok, err := f.exists(ctx, tool, append([]string{"-C"}, j.rule...)...)
+				if err != nil {
+					return st, fmt.Errorf("checking %s %s: %w", tool, j.what, err)
+				}
+				if !ok {
+					st.Problems = append(st.Problems, fmt.Sprintf("%s: %s missing", tool, j.what))
+				}
 			}
 		}
 	}

@@ -20,6 +20,17 @@ func (r nsRunner) Run(ctx context.Context, name string, args ...string) ([]byte,
 	return ExecRunner{}.Run(ctx, "ip", append([]string{"netns", "exec", r.ns, name}, args...)...)
 }
 
+// recorder remembers the commands it passes on.
+type recorder struct {
+	Runner
+	cmds []string
+}
+
+func (r *recorder) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	r.cmds = append(r.cmds, name+" "+strings.Join(args, " "))
+	return r.Runner.Run(ctx, name, args...)
+}
+
 // TestE2EInNamespace applies the chains with the real iptables and
 // ip6tables in a namespace made for the test, checks them, tampers with
 // them, repairs them and removes them.
@@ -49,48 +60,79 @@ func TestE2EInNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	fw := New(r)
-	for i := 0; i < 2; i++ {
-		if err := fw.Ensure(ctx, bridge); err != nil {
-			t.Fatalf("Ensure #%d: %v", i+1, err)
+	rec := &recorder{Runner: r}
+	fw := New(rec)
+	if err := fw.Ensure(ctx, bridge); err != nil {
+		t.Fatalf("Ensure: %v", err)
+	}
+	// On an intact setup Ensure must only look: the wanted rules are
+	// spelled exactly as the real iptables -S prints them.
+	rec.cmds = nil
+	if err := fw.Ensure(ctx, bridge); err != nil {
+		t.Fatalf("second Ensure: %v", err)
+	}
+	for _, c := range rec.cmds {
+		if !strings.Contains(c, " -S ") && !strings.Contains(c, " -C ") {
+			t.Errorf("second Ensure changed something: %s", c)
 		}
 	}
 	st, err := fw.Check(ctx, bridge)
 	if err != nil || !st.Intact() {
 		t.Fatalf("Check = %+v, %v", st, err)
 	}
+	dump := func(tool, chain string) string {
+		t.Helper()
+		out, err := r.Run(ctx, tool, "-t", "mangle", "-S", chain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(out))
+	}
 	for _, tool := range []string{"iptables", "ip6tables"} {
-		out, err := r.Run(ctx, tool, "-t", "mangle", "-S", "FORWARD")
-		if err != nil {
-			t.Fatal(err)
+		want := "-P FORWARD ACCEPT\n-A FORWARD -o abx-fwtest0 -j ABOX-abx-fwtest0\n-A FORWARD -i abx-fwtest0 -j ABOX-abx-fwtest0"
+		if got := dump(tool, "FORWARD"); got != want {
+			t.Errorf("%s FORWARD:\n%s\nwant:\n%s", tool, got, want)
 		}
-		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		want := []string{"-P FORWARD ACCEPT", "-A FORWARD -o abx-fwtest0 -j ABOX-abx-fwtest0", "-A FORWARD -i abx-fwtest0 -j ABOX-abx-fwtest0"}
-		if strings.Join(lines, "\n") != strings.Join(want, "\n") {
-			t.Errorf("%s FORWARD:\n%s\nwant:\n%s", tool, out, strings.Join(want, "\n"))
+		want = "-P OUTPUT ACCEPT\n-A OUTPUT -o abx-fwtest0 -j ABOXO-abx-fwtest0"
+		if got := dump(tool, "OUTPUT"); got != want {
+			t.Errorf("%s OUTPUT:\n%s\nwant:\n%s", tool, got, want)
 		}
-		chain, err := r.Run(ctx, tool, "-t", "mangle", "-S", "ABOX-abx-fwtest0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := strings.TrimSpace(string(chain)); got != "-N ABOX-abx-fwtest0\n-A ABOX-abx-fwtest0 -j DROP" {
+		if got := dump(tool, "ABOX-abx-fwtest0"); got != "-N ABOX-abx-fwtest0\n-A ABOX-abx-fwtest0 -j DROP" {
 			t.Errorf("%s chain:\n%s", tool, got)
+		}
+		want = "-N ABOXO-abx-fwtest0\n-A ABOXO-abx-fwtest0 -j DROP"
+		if tool == "iptables" {
+			want = "-N ABOXO-abx-fwtest0\n" +
+				"-A ABOXO-abx-fwtest0 -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN\n" +
+				"-A ABOXO-abx-fwtest0 -p tcp -m tcp --dport 22 -m conntrack --ctstate NEW -j RETURN\n" +
+				"-A ABOXO-abx-fwtest0 -j DROP"
+		}
+		if got := dump(tool, "ABOXO-abx-fwtest0"); got != want {
+			t.Errorf("%s output chain:\n%s\nwant:\n%s", tool, got, want)
 		}
 	}
 
-	// Tamper: an ACCEPT in front of the DROP; Check must notice and
+	// Tamper: an ACCEPT in front of the DROP, an ACCEPT in front of the
+	// output chain's rules, the SSH rule replaced; Check must notice and
 	// Ensure must repair.
-	if _, err := r.Run(ctx, "iptables", "-t", "mangle", "-I", "ABOX-abx-fwtest0", "1", "-j", "ACCEPT"); err != nil {
-		t.Fatal(err)
-	}
-	if st, _ := fw.Check(ctx, bridge); st.Intact() {
-		t.Error("Check missed an ACCEPT in the chain")
-	}
-	if err := fw.Ensure(ctx, bridge); err != nil {
-		t.Fatal(err)
-	}
-	if st, err := fw.Check(ctx, bridge); err != nil || !st.Intact() {
-		t.Errorf("after repair: %+v, %v", st, err)
+	for _, tamper := range [][]string{
+		{"iptables", "-t", "mangle", "-I", "ABOX-abx-fwtest0", "1", "-j", "ACCEPT"},
+		{"iptables", "-t", "mangle", "-I", "ABOXO-abx-fwtest0", "1", "-j", "ACCEPT"},
+		{"iptables", "-t", "mangle", "-R", "ABOXO-abx-fwtest0", "2", "-p", "tcp", "--dport", "8080", "-j", "RETURN"},
+		{"ip6tables", "-t", "mangle", "-I", "ABOXO-abx-fwtest0", "1", "-j", "ACCEPT"},
+	} {
+		if _, err := r.Run(ctx, tamper[0], tamper[1:]...); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := fw.Check(ctx, bridge); st.Intact() {
+			t.Errorf("Check missed %v", tamper)
+		}
+		if err := fw.Ensure(ctx, bridge); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := fw.Check(ctx, bridge); err != nil || !st.Intact() {
+			t.Errorf("after repairing %v: %+v, %v", tamper, st, err)
+		}
 	}
 
 	for i := 0; i < 2; i++ {
@@ -99,9 +141,9 @@ func TestE2EInNamespace(t *testing.T) {
 		}
 	}
 	for _, tool := range []string{"iptables", "ip6tables"} {
-		out, _ := r.Run(ctx, tool, "-t", "mangle", "-S")
-		if strings.Contains(string(out), "ABOX") {
-			t.Errorf("%s still has abox rules:\n%s", tool, out)
+		out, err := r.Run(ctx, tool, "-t", "mangle", "-S")
+		if err != nil || strings.Contains(string(out), "ABOX") {
+			t.Errorf("%s still has abox rules (%v):\n%s", tool, err, out)
 		}
 	}
 }
@@ -192,6 +234,132 @@ func TestE2EForwardedTrafficDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("after Ensure", false)
+	if err := fw.Remove(ctx, bridge); err != nil {
+		t.Fatal(err)
+	}
+	check("after Remove", true)
+}
+
+// TestE2EHostToGuest covers what the host itself sends into the bridge,
+// which libvirt's nwfilter never sees: a "host" namespace holding the
+// bridge and a "guest" namespace behind it. After Ensure the host can no
+// longer open a connection to the guest's port 8080 (or anything over
+// IPv6), can still open one to port 22, and still answers connections and
+// datagrams the guest sends to it; after Remove port 8080 is reachable
+// again, which shows the chain was what stopped it.
+func TestE2EHostToGuest(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	for _, tool := range []string{"ip", "iptables", "ip6tables", "python3", "bash", "timeout", "head"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	ctx := context.Background()
+	id := os.Getpid()
+	host, guest := fmt.Sprintf("abx-fwoh-%d", id), fmt.Sprintf("abx-fwog-%d", id)
+	sh := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", args, err, out)
+		}
+	}
+	for _, ns := range []string{host, guest} {
+		sh("ip", "netns", "add", ns)
+		t.Cleanup(func() {
+			if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
+				t.Errorf("ip netns del %s: %v: %s", ns, err, out)
+			}
+		})
+		sh("ip", "-n", ns, "link", "set", "lo", "up")
+	}
+	const (
+		bridge         = "abx-fwtest2"
+		hostIP, hostV6 = "10.99.3.1", "fd00:99:3::1"
+		guestIP        = "10.99.3.10"
+		guestV6        = "fd00:99:3::10"
+	)
+	sh("ip", "-n", host, "link", "add", bridge, "type", "bridge")
+	sh("ip", "-n", host, "addr", "add", hostIP+"/24", "dev", bridge)
+	sh("ip", "-n", host, "addr", "add", hostV6+"/64", "dev", bridge, "nodad")
+	sh("ip", "-n", host, "link", "set", bridge, "up")
+	sh("ip", "link", "add", "vg0", "netns", guest, "type", "veth", "peer", "name", "vg1", "netns", host)
+	sh("ip", "-n", host, "link", "set", "vg1", "master", bridge, "up")
+	sh("ip", "-n", guest, "addr", "add", guestIP+"/24", "dev", "vg0")
+	sh("ip", "-n", guest, "addr", "add", guestV6+"/64", "dev", "vg0", "nodad")
+	sh("ip", "-n", guest, "link", "set", "vg0", "up")
+
+	start := func(ns string, args ...string) {
+		cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	}
+	// Bound to "::", http.server listens on IPv4 and IPv6 alike.
+	start(guest, "python3", "-m", "http.server", "--bind", "::", "8080")
+	start(guest, "python3", "-m", "http.server", "--bind", "::", "22")
+	start(host, "python3", "-m", "http.server", "--bind", hostIP, "8000")
+	// A UDP echo service on the host, standing in for the DNS filter.
+	start(host, "python3", "-c", "import socket\n"+
+		"s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"+
+		"s.bind(('"+hostIP+"', 5300))\n"+
+		"while True:\n"+
+		"    d, a = s.recvfrom(512)\n"+
+		"    try:\n        s.sendto(d, a)\n"+
+		"    except OSError:\n        pass  # EPERM while a reply is dropped\n")
+
+	// fetch opens a new TCP connection from ns and returns the start of the
+	// HTTP answer, so a success means packets went both ways.
+	fetch := func(ns, addr, port string) string {
+		script := "exec 3<>/dev/tcp/" + addr + "/" + port + " && printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3 && head -c 12 <&3"
+		out, _ := exec.Command("ip", "netns", "exec", ns, "timeout", "2", "bash", "-c", script).Output()
+		return string(out)
+	}
+	works := func(ns, addr, port string) bool { return fetch(ns, addr, port) == "HTTP/1.0 200" }
+	udpEcho := func() bool {
+		out, _ := exec.Command("ip", "netns", "exec", guest, "python3", "-c", "import socket\n"+
+			"s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"+
+			"s.settimeout(2)\n"+
+			"s.sendto(b'query', ('"+hostIP+"', 5300))\n"+
+			"print(s.recv(512).decode())\n").Output()
+		return strings.TrimSpace(string(out)) == "query"
+	}
+	ready := func() bool {
+		return works(host, guestIP, "8080") && works(host, guestIP, "22") && works(guest, hostIP, "8000") && udpEcho()
+	}
+	for i := 0; i < 50 && !ready(); i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	check := func(stage string, wantNew bool) {
+		t.Helper()
+		if got := works(host, guestIP, "8080"); got != wantNew {
+			t.Errorf("%s: host -> guest:8080 works = %v, want %v", stage, got, wantNew)
+		}
+		if got := works(host, guestV6, "22"); got != wantNew {
+			t.Errorf("%s: host -> guest:22 over IPv6 works = %v, want %v", stage, got, wantNew)
+		}
+		if !works(host, guestIP, "22") {
+			t.Errorf("%s: host -> guest:22 (SSH) does not work", stage)
+		}
+		if !works(guest, hostIP, "8000") {
+			t.Errorf("%s: guest -> host:8000 gets no answer", stage)
+		}
+		if !udpEcho() {
+			t.Errorf("%s: guest -> host UDP gets no answer", stage)
+		}
+	}
+	check("before Ensure", true)
+	fw := New(nsRunner{host})
+	if err := fw.Ensure(ctx, bridge); err != nil {
+		t.Fatal(err)
+	}
+	check("after Ensure", false)
+	if out, err := (nsRunner{host}).Run(ctx, "iptables", "-t", "mangle", "-S"); err == nil {
+		t.Logf("iptables -t mangle -S after Ensure:\n%s", out)
+	}
 	if err := fw.Remove(ctx, bridge); err != nil {
 		t.Fatal(err)
 	}

@@ -44,12 +44,18 @@ type fakeTables struct {
 	chains map[string]map[string][]string // tool -> chain -> rules ("-A chain ...")
 	log    []string
 	fail   string // a command prefix that fails with exit status 4
+	// after, if set, is called after every command that succeeded, with
+	// the tool and the arguments after "-w N -t mangle".
+	after func(tool string, args []string)
 }
 
 func newFakeTables() *fakeTables {
 	f := &fakeTables{chains: map[string]map[string][]string{}}
 	for _, tool := range []string{"iptables", "ip6tables"} {
-		f.chains[tool] = map[string][]string{"FORWARD": {"-A FORWARD -j LIBVIRT_FWX"}}
+		f.chains[tool] = map[string][]string{
+			"FORWARD": {"-A FORWARD -j LIBVIRT_FWX"},
+			"OUTPUT":  {"-A OUTPUT -j OTHER_OUT"},
+		}
 	}
 	return f
 }
@@ -64,6 +70,14 @@ func (f *fakeTables) Run(_ context.Context, name string, args ...string) ([]byte
 		return nil, errors.New("fake: want -w N -t mangle")
 	}
 	args = args[4:]
+	out, err := f.do(name, args)
+	if err == nil && f.after != nil {
+		f.after(name, args)
+	}
+	return out, err
+}
+
+func (f *fakeTables) do(name string, args []string) ([]byte, error) {
 	tables := f.chains[name]
 	verb, chain, rest := args[0], args[1], args[2:]
 	rules, exists := tables[chain]
@@ -75,8 +89,8 @@ func (f *fakeTables) Run(_ context.Context, name string, args ...string) ([]byte
 			return nil, exitErr(1)
 		}
 		head := "-N " + chain
-		if chain == "FORWARD" {
-			head = "-P FORWARD ACCEPT"
+		if chain == "FORWARD" || chain == "OUTPUT" {
+			head = "-P " + chain + " ACCEPT"
 		}
 		return []byte(strings.Join(append([]string{head}, rules...), "\n") + "\n"), nil
 	case "-N":
@@ -87,7 +101,7 @@ func (f *fakeTables) Run(_ context.Context, name string, args ...string) ([]byte
 	case "-C":
 		// Like iptables: a jump to a chain that does not exist is a
 		// usage error (2), not an absent rule (1).
-		if j := slices.Index(rest, "-j"); j >= 0 && j+1 < len(rest) && strings.HasPrefix(rest[j+1], "ABOX-") {
+		if j := slices.Index(rest, "-j"); j >= 0 && j+1 < len(rest) && strings.HasPrefix(rest[j+1], "ABOX") {
 			if _, ok := tables[rest[j+1]]; !ok {
 				return nil, exitErr(2)
 			}
@@ -131,6 +145,22 @@ func (f *fakeTables) Run(_ context.Context, name string, args ...string) ([]byte
 
 const br = "abx-ef260e9aa3c"
 
+// The chains as iptables -S prints them, spelled out here rather than
+// taken from specs so that a change to the rules shows up in this test.
+var (
+	fwdChain = "ABOX-" + br
+	outChain = "ABOXO-" + br
+	wantFwd  = []string{"-A " + fwdChain + " -j DROP"}
+	wantOut  = map[string][]string{
+		"iptables": {
+			"-A " + outChain + " -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN",
+			"-A " + outChain + " -p tcp -m tcp --dport 22 -m conntrack --ctstate NEW -j RETURN",
+			"-A " + outChain + " -j DROP",
+		},
+		"ip6tables": {"-A " + outChain + " -j DROP"},
+	}
+)
+
 func TestEnsureCheckRemove(t *testing.T) {
 	ctx := context.Background()
 	tables := newFakeTables()
@@ -140,20 +170,33 @@ func TestEnsureCheckRemove(t *testing.T) {
 	if err != nil || st.Intact() {
 		t.Fatalf("Check before Ensure = %+v, %v; want not intact", st, err)
 	}
+	if len(st.Problems) != 4 {
+		t.Errorf("Check before Ensure: %d problems, want one per chain and tool: %q", len(st.Problems), st.Problems)
+	}
 	tables.log = nil
 
+	tables.after = safetyChecker(t, tables)
 	if err := fw.Ensure(ctx, br); err != nil {
 		t.Fatal(err)
 	}
+	tables.after = nil
 	golden(t, "ensure-fresh.cmds", strings.Join(tables.log, "\n")+"\n")
 	for _, tool := range []string{"iptables", "ip6tables"} {
 		fwd := tables.chains[tool]["FORWARD"]
-		want := []string{"-A FORWARD -o " + br + " -j ABOX-" + br, "-A FORWARD -i " + br + " -j ABOX-" + br, "-A FORWARD -j LIBVIRT_FWX"}
+		want := []string{"-A FORWARD -o " + br + " -j " + fwdChain, "-A FORWARD -i " + br + " -j " + fwdChain, "-A FORWARD -j LIBVIRT_FWX"}
 		if !slices.Equal(fwd, want) {
 			t.Errorf("%s FORWARD = %q, want our jumps first: %q", tool, fwd, want)
 		}
-		if got := tables.chains[tool]["ABOX-"+br]; !slices.Equal(got, []string{"-A ABOX-" + br + " -j DROP"}) {
-			t.Errorf("%s chain = %q", tool, got)
+		out := tables.chains[tool]["OUTPUT"]
+		want = []string{"-A OUTPUT -o " + br + " -j " + outChain, "-A OUTPUT -j OTHER_OUT"}
+		if !slices.Equal(out, want) {
+			t.Errorf("%s OUTPUT = %q, want our jump first: %q", tool, out, want)
+		}
+		if got := tables.chains[tool][fwdChain]; !slices.Equal(got, wantFwd) {
+			t.Errorf("%s chain %s = %q, want %q", tool, fwdChain, got, wantFwd)
+		}
+		if got := tables.chains[tool][outChain]; !slices.Equal(got, wantOut[tool]) {
+			t.Errorf("%s chain %s = %q, want %q", tool, outChain, got, wantOut[tool])
 		}
 	}
 	if st, err := fw.Check(ctx, br); err != nil || !st.Intact() {
@@ -178,15 +221,58 @@ func TestEnsureCheckRemove(t *testing.T) {
 	}
 	golden(t, "remove.cmds", strings.Join(tables.log, "\n")+"\n")
 	for _, tool := range []string{"iptables", "ip6tables"} {
-		if _, ok := tables.chains[tool]["ABOX-"+br]; ok {
-			t.Errorf("%s chain still exists", tool)
+		for _, c := range []string{fwdChain, outChain} {
+			if _, ok := tables.chains[tool][c]; ok {
+				t.Errorf("%s chain %s still exists", tool, c)
+			}
 		}
 		if fwd := tables.chains[tool]["FORWARD"]; !slices.Equal(fwd, []string{"-A FORWARD -j LIBVIRT_FWX"}) {
 			t.Errorf("%s FORWARD after Remove = %q", tool, fwd)
 		}
+		if out := tables.chains[tool]["OUTPUT"]; !slices.Equal(out, []string{"-A OUTPUT -j OTHER_OUT"}) {
+			t.Errorf("%s OUTPUT after Remove = %q", tool, out)
+		}
 	}
 	if err := fw.Remove(ctx, br); err != nil {
 		t.Errorf("second Remove: %v", err)
+	}
+}
+
+// safetyChecker returns a fakeTables.after hook that fails the test if a
+// command leaves one of our chains letting through more than its wanted
+// rules do (everything before its first DROP must be a wanted rule), or
+// adds a jump to a chain that is not complete yet.
+func safetyChecker(t *testing.T, f *fakeTables) func(string, []string) {
+	return func(tool string, args []string) {
+		t.Helper()
+		verb, chain := args[0], args[1]
+		switch {
+		case verb == "-I" && (chain == "FORWARD" || chain == "OUTPUT"):
+			target := args[len(args)-1]
+			for _, c := range specs(tool, br) {
+				if c.name == target && !slices.Equal(f.chains[tool][target], c.rules()) {
+					t.Errorf("%s %v: jump added to incomplete chain %q", tool, args, f.chains[tool][target])
+				}
+			}
+		case verb == "-I" || verb == "-A" || verb == "-D":
+			for _, c := range specs(tool, br) {
+				if c.name != chain {
+					continue
+				}
+				rules := f.chains[tool][chain]
+				want := c.rules()
+				drop := slices.Index(rules, want[len(want)-1])
+				if drop < 0 {
+					t.Errorf("%s %v: chain left without DROP: %q", tool, args, rules)
+					continue
+				}
+				for _, r := range rules[:drop] {
+					if !slices.Contains(want, r) {
+						t.Errorf("%s %v: chain lets through %q before its DROP: %q", tool, args, r, rules)
+					}
+				}
+			}
+		}
 	}
 }
 
@@ -195,19 +281,34 @@ func TestEnsureRepairs(t *testing.T) {
 	tests := []struct {
 		name   string
 		tamper func(f *fakeTables)
+		golden string // if set, the repair's commands are compared to this file
 	}{
 		{"accept inserted before drop", func(f *fakeTables) {
-			c := "ABOX-" + br
-			f.chains["iptables"][c] = slices.Insert(f.chains["iptables"][c], 0, "-A "+c+" -j ACCEPT")
-		}},
+			f.chains["iptables"][fwdChain] = slices.Insert(f.chains["iptables"][fwdChain], 0, "-A "+fwdChain+" -j ACCEPT")
+		}, ""},
 		{"drop replaced by accept", func(f *fakeTables) {
-			f.chains["iptables"]["ABOX-"+br] = []string{"-A ABOX-" + br + " -j ACCEPT", "-A ABOX-" + br + " -j RETURN"}
-		}},
-		{"chain flushed", func(f *fakeTables) { f.chains["ip6tables"]["ABOX-"+br] = nil }},
+			f.chains["iptables"][fwdChain] = []string{"-A " + fwdChain + " -j ACCEPT", "-A " + fwdChain + " -j RETURN"}
+		}, ""},
+		{"chain flushed", func(f *fakeTables) { f.chains["ip6tables"][fwdChain] = nil }, ""},
 		{"jump deleted", func(f *fakeTables) {
 			f.chains["iptables"]["FORWARD"] = slices.DeleteFunc(f.chains["iptables"]["FORWARD"], func(r string) bool { return strings.Contains(r, "-i "+br) })
-		}},
-		{"everything deleted", func(f *fakeTables) { *f = *newFakeTables() }},
+		}, ""},
+		{"output: accept inserted at the top", func(f *fakeTables) {
+			f.chains["iptables"][outChain] = slices.Insert(f.chains["iptables"][outChain], 0, "-A "+outChain+" -j ACCEPT")
+		}, "repair-output-top.cmds"},
+		{"output: accept between the returns, ssh rule gone", func(f *fakeTables) {
+			f.chains["iptables"][outChain] = []string{wantOut["iptables"][0], "-A " + outChain + " -p tcp -m tcp --dport 8080 -j RETURN", "-A " + outChain + " -j DROP"}
+		}, "repair-output-middle.cmds"},
+		{"output: drop deleted", func(f *fakeTables) {
+			f.chains["iptables"][outChain] = wantOut["iptables"][:2]
+		}, ""},
+		{"output: rule appended after drop", func(f *fakeTables) {
+			f.chains["iptables"][outChain] = append(slices.Clone(wantOut["iptables"]), "-A "+outChain+" -j ACCEPT")
+		}, ""},
+		{"output: ipv6 accept", func(f *fakeTables) { f.chains["ip6tables"][outChain] = []string{"-A " + outChain + " -j ACCEPT"} }, ""},
+		{"output: chain flushed", func(f *fakeTables) { f.chains["iptables"][outChain] = nil }, ""},
+		{"output: jump deleted", func(f *fakeTables) { f.chains["ip6tables"]["OUTPUT"] = []string{"-A OUTPUT -j OTHER_OUT"} }, ""},
+		{"everything deleted", func(f *fakeTables) { *f = *newFakeTables() }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -221,13 +322,93 @@ func TestEnsureRepairs(t *testing.T) {
 			if err != nil || st.Intact() {
 				t.Fatalf("Check after tampering = %+v, %v; want problems", st, err)
 			}
+			tables.log = nil
+			tables.after = safetyChecker(t, tables)
 			if err := fw.Ensure(ctx, br); err != nil {
 				t.Fatal(err)
+			}
+			tables.after = nil
+			if tt.golden != "" {
+				golden(t, tt.golden, strings.Join(tables.log, "\n")+"\n")
 			}
 			if st, err := fw.Check(ctx, br); err != nil || !st.Intact() {
 				t.Fatalf("Check after repair = %+v, %v", st, err)
 			}
+			for _, tool := range []string{"iptables", "ip6tables"} {
+				if got := tables.chains[tool][outChain]; !slices.Equal(got, wantOut[tool]) {
+					t.Errorf("%s chain %s after repair = %q, want %q", tool, outChain, got, wantOut[tool])
+				}
+			}
 		})
+	}
+}
+
+// TestCheckReportsEveryProblem breaks several parts at once; Check must
+// name each of them.
+func TestCheckReportsEveryProblem(t *testing.T) {
+	ctx := context.Background()
+	tables := newFakeTables()
+	fw := New(tables)
+	if err := fw.Ensure(ctx, br); err != nil {
+		t.Fatal(err)
+	}
+	tables.chains["iptables"][outChain] = wantOut["iptables"][1:]
+	tables.chains["iptables"]["OUTPUT"] = []string{"-A OUTPUT -j OTHER_OUT"}
+	tables.chains["iptables"]["FORWARD"] = tables.chains["iptables"]["FORWARD"][1:] // the -o jump
+	tables.chains["ip6tables"]["OUTPUT"] = []string{"-A OUTPUT -j OTHER_OUT"}
+	delete(tables.chains["ip6tables"], outChain)
+	st, err := fw.Check(ctx, br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"iptables: FORWARD jump for traffic to " + br + " missing",
+		"iptables: chain " + outChain + " holds",
+		"iptables: OUTPUT jump for traffic from the host to " + br + " missing",
+		"ip6tables: chain " + outChain + " missing",
+	}
+	if len(st.Problems) != len(want) {
+		t.Fatalf("problems = %q, want %d", st.Problems, len(want))
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(st.Problems[i], w) {
+			t.Errorf("problem %d = %q, want it to start with %q", i, st.Problems[i], w)
+		}
+	}
+}
+
+// TestRemoveAttemptsEverything makes one step fail; Remove must still
+// take away everything else and report the failure.
+func TestRemoveAttemptsEverything(t *testing.T) {
+	ctx := context.Background()
+	tables := newFakeTables()
+	fw := New(tables)
+	if err := fw.Ensure(ctx, br); err != nil {
+		t.Fatal(err)
+	}
+	tables.fail = "iptables -w 10 -t mangle -D FORWARD"
+	err := fw.Remove(ctx, br)
+	if err == nil || !strings.Contains(err.Error(), "FORWARD jump") {
+		t.Fatalf("Remove = %v, want the failed FORWARD jump reported", err)
+	}
+	if _, ok := tables.chains["iptables"][outChain]; ok {
+		t.Errorf("iptables %s kept although only a FORWARD step failed", outChain)
+	}
+	for _, c := range []string{fwdChain, outChain} {
+		if _, ok := tables.chains["ip6tables"][c]; ok {
+			t.Errorf("ip6tables %s kept although only an iptables step failed", c)
+		}
+	}
+	tables.fail = ""
+	if err := fw.Remove(ctx, br); err != nil {
+		t.Fatalf("Remove after the failure cleared: %v", err)
+	}
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		for c := range tables.chains[tool] {
+			if strings.HasPrefix(c, "ABOX") {
+				t.Errorf("%s chain %s left after the second Remove", tool, c)
+			}
+		}
 	}
 }
 
@@ -257,7 +438,9 @@ func TestBadBridgeRefused(t *testing.T) {
 }
 
 func TestChainNameFits(t *testing.T) {
-	if n := len(ChainName("abx-0123456789a")); n > 28 {
-		t.Errorf("chain name %d chars, iptables allows 28", n)
+	for _, name := range []string{ChainName("abx-0123456789a"), OutputChainName("abx-0123456789a")} {
+		if n := len(name); n > 28 {
+			t.Errorf("chain name %s is %d chars, iptables allows 28", name, n)
+		}
 	}
 }
