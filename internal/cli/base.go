@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"text/tabwriter"
 	"time"
 
@@ -94,28 +95,126 @@ func newBaseCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
-	var sum string
+	var pullOpts struct {
+		sha256, sha512 string // explicit checksum of the URL form
+		mirror         string // replaces the catalogue's upstream URL prefix
+		list, json     bool
+	}
 	pull := &cobra.Command{
-		Use:   "pull NAME URL",
-		Short: "Download a base image, verifying its SHA-256",
-		Args:  exactArgs(2, "a NAME and a URL"),
+		Use:   "pull NAME [URL]",
+		Short: "Download a cloud image from the catalogue, or from a URL, verifying its checksum",
+		Long: `Download a base image and verify its checksum before installing it.
+
+  abox base pull debian-12                   a catalogue image: its checksum comes
+                                             from the distribution's SHA*SUMS file
+  abox base pull NAME URL --sha256 HEX       any image, with the checksum you give
+  abox base pull --list                      the catalogue
+
+--mirror (or $` + image.EnvMirror + `) replaces the upstream URL prefix shown by
+--list, so a local server that copies the upstream layout can stand in.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if pullOpts.list {
+				return exactArgs(0, "no arguments with --list")(cmd, args)
+			}
+			if len(args) < 1 || len(args) > 2 {
+				return usageError{fmt.Errorf("%s takes a catalogue NAME, or a NAME and a URL (got %d arguments; see --help)", cmd.CommandPath(), len(args))}
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if sum == "" {
-				return usageError{errors.New("--sha256 is required: abox never installs an unverified image")}
+			mirror := pullOpts.mirror
+			if mirror == "" {
+				mirror = os.Getenv(image.EnvMirror)
+			}
+			if pullOpts.list {
+				type row struct {
+					image.CatalogEntry
+					ImageURL string `json:"image_url"`
+					SumsURL  string `json:"sums_url"`
+				}
+				var rows []row
+				for _, c := range image.Catalog() {
+					imageURL, sumsURL, err := c.URLs(mirror)
+					if err != nil {
+						return usageError{err}
+					}
+					rows = append(rows, row{c, imageURL, sumsURL})
+				}
+				if pullOpts.json {
+					return writeJSON(e.stdout, rows)
+				}
+				tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "NAME\tCHECKSUM\tIMAGE\tDESCRIPTION")
+				for _, r := range rows {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Name, r.Algorithm, r.ImageURL, r.Description)
+				}
+				return tw.Flush()
+			}
+			if pullOpts.json {
+				return usageError{errors.New("--json goes with --list")}
+			}
+			name := args[0]
+			var (
+				pullImage func(*image.Store) (image.Image, error)
+				verified  string
+			)
+			if len(args) == 1 {
+				if pullOpts.sha256 != "" || pullOpts.sha512 != "" {
+					return usageError{errors.New("--sha256 and --sha512 go with a URL: a catalogue image is checked against its distribution's checksum file")}
+				}
+				entry, err := image.LookupCatalog(name)
+				if err != nil {
+					return usageError{fmt.Errorf("%w; or give a URL and its --sha256 (see --help)", err)}
+				}
+				_, sumsURL, err := entry.URLs(mirror)
+				if err != nil {
+					return usageError{err}
+				}
+				verified = fmt.Sprintf("%s verified against %s", entry.Algorithm, sumsURL)
+				pullImage = func(s *image.Store) (image.Image, error) {
+					return s.PullCatalog(cmd.Context(), name, entry, mirror, progressPrinter(e.stderr))
+				}
+			} else {
+				if pullOpts.mirror != "" {
+					return usageError{errors.New("--mirror goes with a catalogue name, not a URL")}
+				}
+				var want image.Checksum
+				var err error
+				switch {
+				case pullOpts.sha256 != "" && pullOpts.sha512 != "":
+					return usageError{errors.New("give one of --sha256 and --sha512, not both")}
+				case pullOpts.sha256 != "":
+					want, err = image.ParseChecksum(image.SHA256, pullOpts.sha256)
+				case pullOpts.sha512 != "":
+					want, err = image.ParseChecksum(image.SHA512, pullOpts.sha512)
+				default:
+					return usageError{errors.New("--sha256 or --sha512 is required with a URL: abox never installs an unverified image")}
+				}
+				if err != nil {
+					return usageError{err}
+				}
+				verified = string(want.Algorithm) + " verified"
+				pullImage = func(s *image.Store) (image.Image, error) {
+					return s.PullChecksum(cmd.Context(), name, args[1], want, progressPrinter(e.stderr))
+				}
 			}
 			s, err := e.images()
 			if err != nil {
 				return err
 			}
-			img, err := s.Pull(cmd.Context(), args[0], args[1], sum, progressPrinter(e.stderr))
+			img, err := pullImage(s)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(e.stderr, "pulled %s (%d MiB), sha256 verified\n", img.Name, img.VirtualSize>>20)
+			fmt.Fprintf(e.stderr, "pulled %s (%d MiB), %s\n", img.Name, img.VirtualSize>>20, verified)
 			return nil
 		},
 	}
-	pull.Flags().StringVar(&sum, "sha256", "", "expected SHA-256 of the download (hex)")
+	pull.Flags().StringVar(&pullOpts.sha256, "sha256", "", "expected SHA-256 of the download from URL (hex)")
+	pull.Flags().StringVar(&pullOpts.sha512, "sha512", "", "expected SHA-512 of the download from URL (hex)")
+	pull.Flags().StringVar(&pullOpts.mirror, "mirror", "", "URL replacing the catalogue's upstream prefix (default $"+image.EnvMirror+")")
+	pull.Flags().BoolVar(&pullOpts.list, "list", false, "print the catalogue")
+	pull.Flags().BoolVar(&pullOpts.json, "json", false, "with --list, print JSON")
 	var mirror, cacheDir, name string
 	build := &cobra.Command{
 		Use:   "build debian-12",

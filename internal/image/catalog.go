@@ -1,0 +1,193 @@
+package image
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+)
+
+// EnvMirror names the environment variable the CLI reads for a mirror of
+// the catalogue's upstream servers (see CatalogEntry.URLs).
+const EnvMirror = "ABOX_IMAGE_MIRROR"
+
+// MaxSumsSize bounds a checksum file: upstream ones are a few KiB, and a
+// server that sends more is not serving a checksum file.
+const MaxSumsSize = 1 << 20
+
+// CatalogEntry is a cloud image abox knows how to fetch and verify. The
+// image and its checksum file live under Base; a mirror replaces Base and
+// keeps the paths, so a mirror copies the upstream directory layout.
+type CatalogEntry struct {
+	Name        string    `json:"name"`        // catalogue name and the base name it installs as; a valid image name
+	Description string    `json:"description"` // one line for listings
+	Base        string    `json:"base"`        // upstream URL prefix, no trailing slash
+	Image       string    `json:"image"`       // path of the image under Base, no leading slash
+	Sums        string    `json:"sums"`        // path of the checksum file under Base, no leading slash
+	File        string    `json:"file"`        // name of the image inside the checksum file
+	Algorithm   Algorithm `json:"algorithm"`   // hash the checksum file lists
+}
+
+// Catalog returns the built-in catalogue, sorted by name. Each call returns
+// a fresh slice.
+func Catalog() []CatalogEntry {
+	const debian = "https://cloud.debian.org/images/cloud"
+	const ubuntu = "https://cloud-images.ubuntu.com"
+	return []CatalogEntry{
+		{
+			Name: "debian-12", Description: "Debian 12 (bookworm) generic cloud image, amd64",
+			Base: debian, Image: "bookworm/latest/debian-12-genericcloud-amd64.qcow2",
+			Sums: "bookworm/latest/SHA512SUMS", File: "debian-12-genericcloud-amd64.qcow2", Algorithm: SHA512,
+		},
+		{
+			Name: "debian-13", Description: "Debian 13 (trixie) generic cloud image, amd64",
+			Base: debian, Image: "trixie/latest/debian-13-genericcloud-amd64.qcow2",
+			Sums: "trixie/latest/SHA512SUMS", File: "debian-13-genericcloud-amd64.qcow2", Algorithm: SHA512,
+		},
+		{
+			Name: "ubuntu-22.04", Description: "Ubuntu 22.04 LTS (jammy) server cloud image, amd64",
+			Base: ubuntu, Image: "jammy/current/jammy-server-cloudimg-amd64.img",
+			Sums: "jammy/current/SHA256SUMS", File: "jammy-server-cloudimg-amd64.img", Algorithm: SHA256,
+		},
+		{
+			Name: "ubuntu-24.04", Description: "Ubuntu 24.04 LTS (noble) server cloud image, amd64",
+			Base: ubuntu, Image: "noble/current/noble-server-cloudimg-amd64.img",
+			Sums: "noble/current/SHA256SUMS", File: "noble-server-cloudimg-amd64.img", Algorithm: SHA256,
+		},
+	}
+}
+
+// CatalogNames returns the names in the built-in catalogue.
+func CatalogNames() []string {
+	var names []string
+	for _, e := range Catalog() {
+		names = append(names, e.Name)
+	}
+	return names
+}
+
+// ErrUnknownCatalog means a name is not in the built-in catalogue.
+var ErrUnknownCatalog = errors.New("not in the image catalogue")
+
+// LookupCatalog returns the named catalogue entry; the error of an unknown
+// name lists the known ones.
+func LookupCatalog(name string) (CatalogEntry, error) {
+	for _, e := range Catalog() {
+		if e.Name == name {
+			return e, nil
+		}
+	}
+	return CatalogEntry{}, fmt.Errorf("image %q: %w (known: %s)", name, ErrUnknownCatalog, strings.Join(CatalogNames(), ", "))
+}
+
+// URLs returns where the image and its checksum file are fetched from:
+// under Base, or under mirror when it is not empty. mirror must be an
+// absolute http or https URL without query or fragment.
+func (e CatalogEntry) URLs(mirror string) (image, sums string, err error) {
+	base := e.Base
+	if mirror != "" {
+		u, err := url.Parse(mirror)
+		if err != nil {
+			return "", "", fmt.Errorf("mirror %q: %w", mirror, err)
+		}
+		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			return "", "", fmt.Errorf("mirror %q: want an http:// or https:// URL without query or fragment", mirror)
+		}
+		base = strings.TrimRight(mirror, "/")
+	}
+	return base + "/" + e.Image, base + "/" + e.Sums, nil
+}
+
+// PullCatalog fetches the entry's checksum file (from mirror when it is not
+// empty), finds the image's digest in it, then downloads, verifies and
+// imports the image as name like PullChecksum. progress sees stage
+// "checksums" first. Nothing is written before the image is verified.
+func (s *Store) PullCatalog(ctx context.Context, name string, entry CatalogEntry, mirror string, progress Progress) (Image, error) {
+	if err := ValidateName(name); err != nil {
+		return Image{}, err
+	}
+	imageURL, sumsURL, err := entry.URLs(mirror)
+	if err != nil {
+		return Image{}, fmt.Errorf("pulling image %s: %w", name, err)
+	}
+	if err := s.checkFree(name); err != nil {
+		return Image{}, err
+	}
+	progress.report("checksums", 0, 0)
+	data, err := s.fetchSums(ctx, sumsURL)
+	if err != nil {
+		return Image{}, fmt.Errorf("pulling image %s: %w", name, err)
+	}
+	want, err := FindSum(data, entry.File, entry.Algorithm)
+	if err != nil {
+		return Image{}, fmt.Errorf("pulling image %s: checksums %s: %w", name, sumsURL, err)
+	}
+	return s.PullChecksum(ctx, name, imageURL, want, progress)
+}
+
+// fetchSums reads a checksum file of at most MaxSumsSize bytes.
+func (s *Store) fetchSums(ctx context.Context, url string) ([]byte, error) {
+	resp, err := s.get(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("fetching checksums %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.ContentLength > MaxSumsSize {
+		return nil, fmt.Errorf("fetching checksums %s: %d bytes is more than a checksum file's limit of %d", url, resp.ContentLength, MaxSumsSize)
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxSumsSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("fetching checksums %s: %w", url, err)
+	}
+	if len(data) > MaxSumsSize {
+		return nil, fmt.Errorf("fetching checksums %s: more than a checksum file's limit of %d bytes", url, MaxSumsSize)
+	}
+	return data, nil
+}
+
+// FindSum returns the digest data lists for file. data is in the format of
+// sha256sum and sha512sum: "HEX  NAME" (text mode) or "HEX *NAME" (binary
+// mode) per line; a NAME of "./file" matches file. Blank lines and lines
+// starting with # are skipped. A line that does not parse, a digest of the
+// wrong length, no line for file, or two lines for it that disagree are
+// errors: the file is the only thing vouching for the image.
+func FindSum(data []byte, file string, algo Algorithm) (Checksum, error) {
+	var found []string
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 4096), MaxSumsSize)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimRight(sc.Text(), "\r")
+		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		sum, name, ok := strings.Cut(line, " ")
+		if !ok || sum == "" || len(name) < 2 || (name[0] != ' ' && name[0] != '*') {
+			return Checksum{}, fmt.Errorf("line %d: want \"HEX  NAME\" or \"HEX *NAME\"", n)
+		}
+		name = strings.TrimPrefix(name[1:], "./")
+		if name != file {
+			continue
+		}
+		c, err := ParseChecksum(algo, sum)
+		if err != nil {
+			return Checksum{}, fmt.Errorf("line %d: %w", n, err)
+		}
+		found = append(found, c.Hex)
+	}
+	if err := sc.Err(); err != nil {
+		return Checksum{}, err
+	}
+	if len(found) == 0 {
+		return Checksum{}, fmt.Errorf("no %s for %s", algo, file)
+	}
+	for _, h := range found[1:] {
+		if h != found[0] {
+			return Checksum{}, fmt.Errorf("%d different %s sums for %s", len(found), algo, file)
+		}
+	}
+	return Checksum{Algorithm: algo, Hex: found[0]}, nil
+}
