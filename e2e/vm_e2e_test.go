@@ -411,7 +411,7 @@ func TestVM(t *testing.T) {
 		}
 		// iptables-nft reports a missing chain as "incompatible" when the
 		// table holds libvirt's rules, so look at the whole table instead.
-		if out, err := s.inNS(10*time.Second, "iptables", "-w", "10", "-t", hostfw.Table, "-S"); err != nil || strings.Contains(out, hostfw.ChainName(peer.Bridge)) {
+		if out, err := s.inNS(10*time.Second, "iptables", "-w", "10", "-t", hostfw.Table, "-S"); err != nil || (strings.Contains(out, hostfw.ChainName(peer.Bridge)) || strings.Contains(out, hostfw.OutputChainName(peer.Bridge))) {
 			t.Errorf("firewall chain still present (%v):\n%s", err, out)
 		}
 		if out, _ := s.env.Virsh(s.ctx, "list", "--all", "--name"); strings.Contains(out, "abox-peer") {
