@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/abox-dev/abox/internal/fsutil"
 	"io"
 	"os"
 	"os/exec"
@@ -153,46 +154,12 @@ func (i Image) InitrdPath() string {
 	return filepath.Join(i.Dir, i.Boot.Initrd)
 }
 
-// writeFileAtomic writes data through a temporary file in the same
-// directory and renames it into place, so readers see old or new, never half.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if err := f.Chmod(perm); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	ok = true
-	return nil
-}
-
 func writeJSON(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encoding %s: %w", path, err)
 	}
-	return writeFileAtomic(path, append(b, '\n'), 0o644)
+	return fsutil.WriteFileAtomic(path, append(b, '\n'), 0o644)
 }
 
 // fileSHA256 returns the hex sha256 and size of the file at path.
