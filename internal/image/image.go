@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/abox-dev/abox/internal/fsutil"
 	"io"
 	"os"
 	"os/exec"
@@ -17,6 +16,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/abox-dev/abox/internal/fsutil"
 )
 
 // Files inside one image directory <root>/images/<name>/.
