@@ -9,7 +9,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -138,11 +141,70 @@ type Firewall struct {
 	// tools are the binaries to program, in order: IPv4 first, since
 	// that is the family the guest actually has.
 	tools []string
+	// bridgeNF is where the kernel's bridge netfilter switches are
+	// (BridgeNetfilterDir; tests point it elsewhere).
+	bridgeNF string
 }
 
 // New returns a Firewall that programs iptables and ip6tables through r.
 func New(r Runner) *Firewall {
-	return &Firewall{run: r, tools: []string{"iptables", "ip6tables"}}
+	return &Firewall{run: r, tools: []string{"iptables", "ip6tables"}, bridgeNF: BridgeNetfilterDir}
+}
+
+// BridgeNetfilterDir holds net.bridge.bridge-nf-call-iptables and
+// -ip6tables. They exist once br_netfilter is loaded and are per network
+// namespace.
+const BridgeNetfilterDir = "/proc/sys/net/bridge"
+
+// bridgeNFSwitches must all be 1. libvirt's nwfilter writes its TCP, UDP,
+// ICMP and <all/> rules (the design's whole stateful policy: which gateway
+// ports the guest may reach, the one new inbound connection) as iptables
+// and ip6tables rules matched with -m physdev. Bridged frames reach
+// iptables, and carry the physdev information that also applies to what
+// the guest sends the host itself, only through br_netfilter with these
+// switches on. Without them those rules silently match nothing: the guest
+// reaches every service the host has on the gateway address, and libvirt
+// only logs a warning (or, with the module not loaded, says nothing).
+var bridgeNFSwitches = []string{"bridge-nf-call-iptables", "bridge-nf-call-ip6tables"}
+
+// bridgeNetfilterOff lists the switches that are not 1 ("missing" when
+// the module is not loaded).
+func (f *Firewall) bridgeNetfilterOff() ([]string, error) {
+	var off []string
+	for _, name := range bridgeNFSwitches {
+		b, err := os.ReadFile(filepath.Join(f.bridgeNF, name))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			off = append(off, "net.bridge."+name+" missing (br_netfilter not loaded)")
+		case err != nil:
+			return nil, fmt.Errorf("reading net.bridge.%s: %w", name, err)
+		case strings.TrimSpace(string(b)) != "1":
+			off = append(off, fmt.Sprintf("net.bridge.%s = %s", name, strings.TrimSpace(string(b))))
+		}
+	}
+	return off, nil
+}
+
+// ensureBridgeNetfilter makes sure the nwfilter's iptables rules see the
+// guest's traffic. A missing module is loaded (loading it turns the
+// switches on); a switch an administrator turned off is not overridden
+// (that would change every bridge on the host), it is refused, so that no
+// guest boots with its packet filter reduced to layer 2.
+func (f *Firewall) ensureBridgeNetfilter(ctx context.Context) error {
+	off, err := f.bridgeNetfilterOff()
+	if err != nil || len(off) == 0 {
+		return err
+	}
+	if _, err := os.Stat(f.bridgeNF); errors.Is(err, fs.ErrNotExist) {
+		if _, err := f.run.Run(ctx, "modprobe", "br_netfilter"); err != nil {
+			return fmt.Errorf("loading br_netfilter, without which libvirt's nwfilter cannot see guest traffic: %w", err)
+		}
+		if off, err = f.bridgeNetfilterOff(); err != nil || len(off) == 0 {
+			return err
+		}
+	}
+	return fmt.Errorf("bridge netfilter is off (%s): libvirt's nwfilter would not filter the guest's IP traffic; "+
+		"turn it on with `sysctl -w net.bridge.bridge-nf-call-iptables=1 net.bridge.bridge-nf-call-ip6tables=1`", strings.Join(off, ", "))
 }
 
 func (f *Firewall) ipt(ctx context.Context, tool string, args ...string) error {
@@ -201,9 +263,13 @@ func (f *Firewall) exists(ctx context.Context, tool string, args ...string) (boo
 // traffic the host itself sends into it. It changes only what is missing
 // or wrong, so it is safe to run on every start and after libvirt restarts
 // a network. A chain is filled before its jumps are added, so there is
-// never a jump into an empty (accepting) chain.
+// never a jump into an empty (accepting) chain. First of all it makes sure
+// bridge netfilter is on (see bridgeNFSwitches), and fails if it cannot be.
 func (f *Firewall) Ensure(ctx context.Context, bridge string) error {
 	if err := validate.Bridge(bridge); err != nil {
+		return fmt.Errorf("ensuring host firewall: %w", err)
+	}
+	if err := f.ensureBridgeNetfilter(ctx); err != nil {
 		return fmt.Errorf("ensuring host firewall: %w", err)
 	}
 	for _, tool := range f.tools {
@@ -346,6 +412,13 @@ func (f *Firewall) Check(ctx context.Context, bridge string) (Status, error) {
 	st := Status{Bridge: bridge}
 	if err := validate.Bridge(bridge); err != nil {
 		return st, fmt.Errorf("checking host firewall: %w", err)
+	}
+	off, err := f.bridgeNetfilterOff()
+	if err != nil {
+		return st, fmt.Errorf("checking host firewall: %w", err)
+	}
+	for _, o := range off {
+		st.Problems = append(st.Problems, o+": the packet filter's IP rules see no guest traffic")
 	}
 	for _, tool := range f.tools {
 		for _, c := range specs(tool, bridge) {

@@ -164,7 +164,7 @@ var (
 func TestEnsureCheckRemove(t *testing.T) {
 	ctx := context.Background()
 	tables := newFakeTables()
-	fw := New(tables)
+	fw := testFirewall(t, tables)
 
 	st, err := fw.Check(ctx, br)
 	if err != nil || st.Intact() {
@@ -313,7 +313,7 @@ func TestEnsureRepairs(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tables := newFakeTables()
-			fw := New(tables)
+			fw := testFirewall(t, tables)
 			if err := fw.Ensure(ctx, br); err != nil {
 				t.Fatal(err)
 			}
@@ -348,7 +348,7 @@ func TestEnsureRepairs(t *testing.T) {
 func TestCheckReportsEveryProblem(t *testing.T) {
 	ctx := context.Background()
 	tables := newFakeTables()
-	fw := New(tables)
+	fw := testFirewall(t, tables)
 	if err := fw.Ensure(ctx, br); err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +382,7 @@ func TestCheckReportsEveryProblem(t *testing.T) {
 func TestRemoveAttemptsEverything(t *testing.T) {
 	ctx := context.Background()
 	tables := newFakeTables()
-	fw := New(tables)
+	fw := testFirewall(t, tables)
 	if err := fw.Ensure(ctx, br); err != nil {
 		t.Fatal(err)
 	}
@@ -416,7 +416,7 @@ func TestErrorsAreNotAbsence(t *testing.T) {
 	ctx := context.Background()
 	tables := newFakeTables()
 	tables.fail = "iptables -w 10 -t mangle -S"
-	fw := New(tables)
+	fw := testFirewall(t, tables)
 	if err := fw.Ensure(ctx, br); err == nil {
 		t.Error("Ensure succeeded although iptables failed")
 	}
@@ -429,7 +429,7 @@ func TestErrorsAreNotAbsence(t *testing.T) {
 }
 
 func TestBadBridgeRefused(t *testing.T) {
-	fw := New(newFakeTables())
+	fw := testFirewall(t, newFakeTables())
 	for _, b := range []string{"", "-j ACCEPT", "abx-0123456789abcdef", "br;x"} {
 		if err := fw.Ensure(context.Background(), b); err == nil {
 			t.Errorf("Ensure(%q) accepted", b)
@@ -442,5 +442,128 @@ func TestChainNameFits(t *testing.T) {
 		if n := len(name); n > 28 {
 			t.Errorf("chain name %s is %d chars, iptables allows 28", name, n)
 		}
+	}
+}
+
+// testFirewall is New with bridge netfilter switches of its own, both on,
+// so that the tests do not depend on the machine's br_netfilter.
+func testFirewall(t *testing.T, r Runner) *Firewall {
+	t.Helper()
+	fw := New(r)
+	fw.bridgeNF = bridgeNFDir(t, "1", "1")
+	return fw
+}
+
+// bridgeNFDir makes a stand-in for /proc/sys/net/bridge with the iptables
+// and ip6tables switches set to v4 and v6.
+func bridgeNFDir(t *testing.T, v4, v6 string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "bridge")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, v := range map[string]string{"bridge-nf-call-iptables": v4, "bridge-nf-call-ip6tables": v6} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(v+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// modprobeRunner answers modprobe itself (loading "the module" creates the
+// switches, both on, unless fail) and passes everything else on.
+type modprobeRunner struct {
+	Runner
+	dir   string
+	fail  bool
+	calls []string
+}
+
+func (m *modprobeRunner) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	if name != "modprobe" {
+		return m.Runner.Run(ctx, name, args...)
+	}
+	m.calls = append(m.calls, name+" "+strings.Join(args, " "))
+	if m.fail {
+		return nil, exitErr(1)
+	}
+	if err := os.Mkdir(m.dir, 0o755); err != nil {
+		return nil, err
+	}
+	for _, f := range bridgeNFSwitches {
+		if err := os.WriteFile(filepath.Join(m.dir, f), []byte("1\n"), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	return nil, nil
+}
+
+// TestEnsureRequiresBridgeNetfilter: libvirt's nwfilter IP rules only see
+// bridged traffic through br_netfilter, so Ensure (run before every boot)
+// loads the module when it is missing and refuses, before touching any
+// chain, when a switch is off; Check reports it.
+func TestEnsureRequiresBridgeNetfilter(t *testing.T) {
+	ctx := context.Background()
+	t.Run("on", func(t *testing.T) {
+		m := &modprobeRunner{Runner: newFakeTables()}
+		fw := New(m)
+		fw.bridgeNF = bridgeNFDir(t, "1", "1")
+		if err := fw.Ensure(ctx, br); err != nil {
+			t.Fatal(err)
+		}
+		if len(m.calls) != 0 {
+			t.Errorf("modprobe ran although the switches are on: %q", m.calls)
+		}
+	})
+	t.Run("module missing is loaded", func(t *testing.T) {
+		tables := newFakeTables()
+		m := &modprobeRunner{Runner: tables, dir: filepath.Join(t.TempDir(), "bridge")}
+		fw := New(m)
+		fw.bridgeNF = m.dir
+		if st, err := fw.Check(ctx, br); err != nil || !strings.Contains(strings.Join(st.Problems, "\n"), "br_netfilter not loaded") {
+			t.Errorf("Check = %q, %v; want the missing module reported", st.Problems, err)
+		}
+		if err := fw.Ensure(ctx, br); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(m.calls, []string{"modprobe br_netfilter"}) {
+			t.Errorf("modprobe calls = %q, want one modprobe br_netfilter", m.calls)
+		}
+		if st, err := fw.Check(ctx, br); err != nil || !st.Intact() {
+			t.Errorf("Check after Ensure = %q, %v; want intact", st.Problems, err)
+		}
+	})
+	for _, tt := range []struct {
+		name     string
+		v4, v6   string
+		noModule bool
+		want     string
+	}{
+		{name: "iptables switch off", v4: "0", v6: "1", want: "bridge-nf-call-iptables = 0"},
+		{name: "ip6tables switch off", v4: "1", v6: "0", want: "bridge-nf-call-ip6tables = 0"},
+		{name: "module cannot be loaded", noModule: true, want: "loading br_netfilter"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tables := newFakeTables()
+			m := &modprobeRunner{Runner: tables, dir: filepath.Join(t.TempDir(), "bridge"), fail: true}
+			fw := New(m)
+			fw.bridgeNF = m.dir
+			if !tt.noModule {
+				fw.bridgeNF = bridgeNFDir(t, tt.v4, tt.v6)
+			}
+			err := fw.Ensure(ctx, br)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Ensure = %v, want an error containing %q", err, tt.want)
+			}
+			if len(tables.log) != 0 {
+				t.Errorf("Ensure touched the tables although it refused: %q", tables.log)
+			}
+			if !tt.noModule && len(m.calls) != 0 {
+				t.Errorf("modprobe ran although the module is loaded: %q", m.calls)
+			}
+			if st, err := fw.Check(ctx, br); err != nil || st.Intact() {
+				t.Errorf("Check = %+v, %v; want not intact", st, err)
+			}
+		})
 	}
 }
