@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Class names the range an address belongs to. Public is the only class that
@@ -28,6 +31,7 @@ const (
 	Benchmarking  Class = "benchmarking"  // 198.18/15, 2001:2::/48
 	Relay6to4     Class = "relay_6to4"    // 192.88.99/24
 	HostAddress   Class = "host_address"  // one of the host's own interface addresses
+	HostNetwork   Class = "host_network"  // on an IPv6 network the host is attached to (the LAN)
 	Embedded      Class = "embedded_v4"   // translation prefix with no usable embedded address
 	Permitted     Class = "permitted"     // inside a range the user explicitly permitted
 	Invalid       Class = "invalid"       // the zero Addr
@@ -179,17 +183,26 @@ func Embedded4(a netip.Addr) (netip.Addr, bool) {
 }
 
 // Policy decides which destination addresses a guest may reach. The zero value
-// permits only public addresses. A Policy is immutable and safe for concurrent use.
+// permits only public addresses. A Policy is safe for concurrent use.
 type Policy struct {
 	// permit holds ranges the user explicitly allowed (--allow-private); they
 	// win over every other class, including the host's own addresses.
 	permit []netip.Prefix
-	// host holds the host's own interface addresses, never reachable unless permitted.
+	// host holds the host's own addresses given to NewPolicy, never
+	// reachable unless permitted.
 	host map[netip.Addr]bool
+	// live, set when NewPolicy was given host addresses, follows the host's
+	// interfaces: addresses that appear after start (DHCP, IPv6 temporary
+	// addresses, new bridges) and every network an interface sits on.
+	live *liveHost
 }
 
 // NewPolicy builds a policy. permit are the explicitly allowed ranges; host are
-// the host's own addresses (see HostAddrs).
+// the host's own addresses (see HostAddrs). A policy given host addresses is
+// the host's: it also re-reads the host's interfaces (at most once per
+// hostRefresh) and refuses their current addresses and every address on the
+// IPv6 networks they are attached to (HostNetwork): a LAN neighbour with a
+// global IPv6 address is not the internet.
 func NewPolicy(permit []netip.Prefix, host []netip.Addr) *Policy {
 	p := &Policy{host: make(map[netip.Addr]bool, len(host))}
 	for _, pr := range permit {
@@ -197,6 +210,9 @@ func NewPolicy(permit []netip.Prefix, host []netip.Addr) *Policy {
 	}
 	for _, h := range host {
 		p.host[h.WithZone("").Unmap()] = true
+	}
+	if len(host) > 0 {
+		p.live = &liveHost{}
 	}
 	return p
 }
@@ -215,12 +231,29 @@ func (p *Policy) Check(a netip.Addr) Class {
 	if c != Public {
 		return c
 	}
-	if p != nil {
-		if p.host[a.Unmap()] {
+	if p == nil {
+		return Public
+	}
+	cands := []netip.Addr{a.Unmap()}
+	if v4, ok := Embedded4(a); ok {
+		cands = append(cands, v4)
+	}
+	var snap *hostSnapshot
+	if p.live != nil {
+		snap = p.live.get()
+	}
+	for _, c := range cands {
+		if p.host[c] || snap != nil && snap.addrs[c] {
 			return HostAddress
 		}
-		if v4, ok := Embedded4(a); ok && p.host[v4] {
-			return HostAddress
+	}
+	if snap != nil {
+		for _, n := range snap.nets {
+			for _, c := range cands {
+				if n.Contains(c) {
+					return HostNetwork
+				}
+			}
 		}
 	}
 	return Public
@@ -242,6 +275,96 @@ func (p *Policy) permitted(a netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// hostRefresh bounds how stale the view of the host's interfaces may be.
+const hostRefresh = time.Second
+
+// interfaceAddrs and clock are replaced by tests.
+var (
+	interfaceAddrs = net.InterfaceAddrs
+	clock          = time.Now
+)
+
+// hostSnapshot is one reading of the host's interfaces.
+type hostSnapshot struct {
+	at    time.Time
+	addrs map[netip.Addr]bool
+	nets  []netip.Prefix
+}
+
+// liveHost caches the host's interface addresses and networks.
+type liveHost struct {
+	mu   sync.Mutex // serialises refreshes
+	snap atomic.Pointer[hostSnapshot]
+}
+
+// get returns a snapshot no older than hostRefresh when the interfaces can
+// be read, else the last good one. The first reading is synchronous, so no
+// check ever runs without one.
+func (l *liveHost) get() *hostSnapshot {
+	s := l.snap.Load()
+	if s != nil && clock().Sub(s.at) < hostRefresh {
+		return s
+	}
+	if s != nil && !l.mu.TryLock() {
+		return s // another goroutine is refreshing; a second's staleness is the bound
+	}
+	if s == nil {
+		l.mu.Lock()
+	}
+	defer l.mu.Unlock()
+	if cur := l.snap.Load(); cur != nil && clock().Sub(cur.at) < hostRefresh {
+		return cur
+	}
+	ns := readHost()
+	if ns == nil {
+		if s == nil {
+			// Unreadable interfaces: refuse nothing more than the static
+			// list, and try again on the next check.
+			return &hostSnapshot{}
+		}
+		return s
+	}
+	l.snap.Store(ns)
+	return ns
+}
+
+func readHost() *hostSnapshot {
+	addrs, err := interfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	s := &hostSnapshot{at: clock(), addrs: make(map[netip.Addr]bool, len(addrs))}
+	for _, a := range addrs {
+		pn, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(pn.IP)
+		if !ok {
+			continue
+		}
+		ip = ip.Unmap()
+		s.addrs[ip] = true
+		ones, _ := pn.Mask.Size()
+		if ip.Is4() && len(pn.Mask) == net.IPv6len {
+			ones -= 96
+		}
+		// IPv6 only: a home or office LAN numbers its IPv4 hosts in private
+		// ranges (refused anyway) but gives them global IPv6 addresses that
+		// only the router's firewall shields, which the host is behind. A
+		// public IPv4 subnet on an interface is a server's uplink, whose
+		// neighbours are internet hosts. A default-route sized "network" is
+		// never a LAN.
+		if !ip.Is6() || ones <= 0 {
+			continue
+		}
+		if pr, err := ip.Prefix(ones); err == nil {
+			s.nets = append(s.nets, pr)
+		}
+	}
+	return s
 }
 
 // Allowed reports whether Check's class lets traffic through.

@@ -1,8 +1,10 @@
 package netclass
 
 import (
+	"net"
 	"net/netip"
 	"testing"
+	"time"
 )
 
 func TestClassify(t *testing.T) {
@@ -124,4 +126,70 @@ func FuzzClassify(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestPolicyFollowsHostInterfaces: a host policy refuses the IPv6 networks
+// the host's interfaces sit on (a LAN neighbour with a global IPv6 address)
+// and addresses the host gains after start (IPv6 temporary addresses rotate
+// daily, DHCP renumbers). A public IPv4 subnet is a server's uplink (and the
+// e2e lab's "internet"): its neighbours stay reachable.
+func TestPolicyFollowsHostInterfaces(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var ifaces []net.Addr
+	setIfaces := func(cidrs ...string) {
+		ifaces = nil
+		for _, c := range cidrs {
+			ip, n, err := net.ParseCIDR(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n.IP = ip
+			ifaces = append(ifaces, n)
+		}
+	}
+	oldAddrs, oldClock := interfaceAddrs, clock
+	interfaceAddrs = func() ([]net.Addr, error) { return ifaces, nil }
+	clock = func() time.Time { return now }
+	t.Cleanup(func() { interfaceAddrs, clock = oldAddrs, oldClock })
+
+	setIfaces("127.0.0.1/8", "10.1.2.1/24", "198.51.100.7/24", "2a02:1234:5678:9abc::10/64", "203.0.113.9/32", "fe80::1/64")
+	p := NewPolicy([]netip.Prefix{netip.MustParsePrefix("2a02:1234:5678:9abc::443/128")}, []netip.Addr{netip.MustParseAddr("10.1.2.1")})
+	for _, tt := range []struct {
+		addr string
+		want Class
+	}{
+		{"2a02:1234:5678:9abc::10", HostAddress},
+		{"2a02:1234:5678:9abc::99", HostNetwork}, // LAN neighbour, global IPv6
+		{"2a02:1234:5678:9abc::443", Permitted},
+		{"2a02:1234:5678:9abd::1", Public},
+		{"93.184.1.1", Public},
+		{"::ffff:93.184.1.1", Public},
+	} {
+		if got := p.Check(netip.MustParseAddr(tt.addr)); got != tt.want {
+			t.Errorf("Check(%s) = %s, want %s", tt.addr, got, tt.want)
+		}
+	}
+	// The host gains an address and a subnet after the policy was built.
+	setIfaces("127.0.0.1/8", "10.1.2.1/24", "93.184.1.1/24", "2a02:1234:5678:aaaa::5/64")
+	now = now.Add(2 * hostRefresh)
+	for _, tt := range []struct {
+		addr string
+		want Class
+	}{
+		{"93.184.1.1", HostAddress},
+		{"::ffff:93.184.1.1", HostAddress},
+		{"2002:5db8:101::1", HostAddress},
+		{"93.184.1.77", Public}, // an IPv4 uplink's neighbour
+		{"2a02:1234:5678:aaaa::5", HostAddress},
+		{"2a02:1234:5678:aaaa::6", HostNetwork},
+		{"2a02:1234:5678:9abc::99", Public}, // that interface is gone
+	} {
+		if got := p.Check(netip.MustParseAddr(tt.addr)); got != tt.want {
+			t.Errorf("after change: Check(%s) = %s, want %s", tt.addr, got, tt.want)
+		}
+	}
+	// A policy without host addresses (tests, the default) reads nothing.
+	if got := NewPolicy(nil, nil).Check(netip.MustParseAddr("93.184.1.77")); got != Public {
+		t.Errorf("plain policy Check = %s, want public", got)
+	}
 }
