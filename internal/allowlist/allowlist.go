@@ -264,9 +264,19 @@ func ParseEntry(s string) (Entry, error) {
 		if ps == name {
 			return Entry{}, fmt.Errorf("%q: %s is a public suffix, so the wildcard would allow unrelated owners; name a domain below it", s, name)
 		}
+		// A wildcard rule of the list (*.kawasaki.jp, *.compute.amazonaws.com)
+		// makes every child of name a public suffix: any child will do as a
+		// probe, and an exception rule (!city.kawasaki.jp) never names ours.
+		probe := wildcardProbe + "." + name
+		if ps, _ := publicsuffix.PublicSuffix(probe); ps == probe {
+			return Entry{}, fmt.Errorf("%q: the names directly below %s are public suffixes, so the wildcard would allow unrelated owners; name a domain below one of them", s, name)
+		}
 	}
 	return Entry{Name: name, Wildcard: wildcard}, nil
 }
+
+// wildcardProbe is a label no public suffix rule names.
+const wildcardProbe = "abox-wildcard-probe"
 
 func looksLikeIP(s string) bool {
 	if _, err := netip.ParseAddr(s); err == nil {

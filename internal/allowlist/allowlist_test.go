@@ -75,6 +75,11 @@ func TestParseEntryRejects(t *testing.T) {
 		{"*.com", "top-level"},
 		{"*.co.uk", "public suffix"},
 		{"*.github.io", "public suffix"}, // private-section public suffix: unrelated owners too
+		// Wildcard rules (*.kawasaki.jp, *.compute.amazonaws.com) make every
+		// child a public suffix: the wildcard spans unrelated owners.
+		{"*.kawasaki.jp", "public suffixes"},
+		{"*.compute.amazonaws.com", "public suffixes"},
+		{"*.Compute.AmazonAWS.com.", "public suffixes"},
 		{"foo.*.example.com", "whole first label"},
 		{"*example.com", "whole first label"},
 		{"**.example.com", "whole first label"},
@@ -113,6 +118,8 @@ func TestParseEntryAccepts(t *testing.T) {
 		{"Example.COM.", "example.com"},
 		{"*.Example.com", "*.example.com"},
 		{"*.example.co.uk", "*.example.co.uk"},
+		{"*.city.kawasaki.jp", "*.city.kawasaki.jp"}, // PSL exception: a registrable domain
+		{"*.foo.city.kawasaki.jp", "*.foo.city.kawasaki.jp"},
 		{"user.github.io", "user.github.io"},
 		{"_sip._tcp.example.com", "_sip._tcp.example.com"},
 		{"münchen.de", "xn--mnchen-3ya.de"},
