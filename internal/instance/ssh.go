@@ -9,6 +9,17 @@ import (
 
 // SSHArgs returns the ssh arguments that log in to the instance with its own
 // key, verifying the host key pinned at create (no trust on first use).
+//
+// The guest is hostile and runs the sshd at the other end, so nothing of the
+// host's may travel down the connection, whatever the user's ssh_config
+// says (options given on the command line win over it): no agent (the
+// guest could sign with every key in it), no X11 (keystrokes and screens of
+// the host's display), no port forwardings (a RemoteForward from a "Host *"
+// block would give the guest a connection into a host service), no
+// Kerberos credential delegation, no shared master connection, no proxy
+// command and no local command. The guest may not add host keys to the
+// pinned known_hosts either (UpdateHostKeys), and the system-wide
+// known_hosts plays no part.
 func SSHArgs(l paths.Layout, st State, command []string) ([]string, error) {
 	f := FilesOf(l, st.Name)
 	if _, err := os.Stat(f.SSHKey); err != nil {
@@ -21,6 +32,20 @@ func SSHArgs(l paths.Layout, st State, command []string) ([]string, error) {
 		"-o", "StrictHostKeyChecking=yes",
 		"-o", "PasswordAuthentication=no",
 		"-o", "KbdInteractiveAuthentication=no",
+		"-o", "GlobalKnownHostsFile=/dev/null",
+		"-o", "UpdateHostKeys=no",
+		"-o", "ForwardAgent=no",
+		"-o", "IdentityAgent=none",
+		"-o", "ForwardX11=no",
+		"-o", "ForwardX11Trusted=no",
+		"-o", "ClearAllForwardings=yes",
+		"-o", "Tunnel=no",
+		"-o", "GSSAPIAuthentication=no",
+		"-o", "GSSAPIDelegateCredentials=no",
+		"-o", "ControlMaster=no",
+		"-o", "ControlPath=none",
+		"-o", "ProxyCommand=none",
+		"-o", "PermitLocalCommand=no",
 		"-o", "ConnectTimeout=10",
 		"-o", "LogLevel=ERROR",
 		st.User + "@" + st.GuestIP.String(),
