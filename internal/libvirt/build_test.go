@@ -235,6 +235,13 @@ func TestDomainHardening(t *testing.T) {
 			if d.Metadata == nil || !strings.Contains(d.Metadata.XML, MetadataNamespace) {
 				t.Errorf("metadata = %+v, want abox ownership", d.Metadata)
 			}
+			if d.Features.VMPort == nil || d.Features.VMPort.State != "off" {
+				t.Errorf("vmport = %+v, want off (no VMware backdoor port)", d.Features.VMPort)
+			}
+			// The hardened default must pass the check a user template gets.
+			if err := checkTemplateDomain(&d, p); err != nil {
+				t.Errorf("the default domain fails the template check: %v", err)
+			}
 		})
 	}
 }

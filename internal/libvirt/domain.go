@@ -34,9 +34,13 @@ func BuildDomain(p Params) (*libvirtxml.Domain, error) {
 		},
 		// ACPI lets an ACPI shutdown reach the guest; a hard power-off
 		// soon after first boot loses what cloud-init just wrote (LAB.md).
+		// vmport off: QEMU otherwise emulates VMware's backdoor I/O port
+		// on pc/q35 machines, an interface no abox guest needs and one
+		// more emulated device a hostile guest can probe for bugs.
 		Features: &libvirtxml.DomainFeatureList{
-			ACPI: &libvirtxml.DomainFeature{},
-			APIC: &libvirtxml.DomainFeatureAPIC{},
+			ACPI:   &libvirtxml.DomainFeature{},
+			APIC:   &libvirtxml.DomainFeatureAPIC{},
+			VMPort: &libvirtxml.DomainFeatureState{State: "off"},
 		},
 		Clock:      &libvirtxml.DomainClock{Offset: "utc"},
 		OnPoweroff: "destroy",
