@@ -439,7 +439,7 @@ func TestStartOrderAndRollback(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The guest boots only after its network, firewall chain and filters.
-	if got := r.hv.callList(); !slices.Equal(got, []string{"StartNetwork", "StartDomain"}) {
+	if got := r.hv.callList(); !slices.Equal(got, []string{"DefineNWFilter", "StartNetwork", "StartDomain"}) {
 		t.Errorf("calls = %v", got)
 	}
 	if !r.fw.chains[st.Bridge] || r.d.PID("dev") == 0 {
@@ -509,5 +509,60 @@ func TestStartRepairsDeadFilters(t *testing.T) {
 	}
 	if slices.Contains(r.hv.callList(), "StartDomain") || slices.Contains(r.hv.callList(), "DestroyDomain") {
 		t.Errorf("repair touched the guest: %v", r.hv.callList())
+	}
+}
+
+// filterRecorder keeps the nwfilter XML each define was given.
+type filterRecorder struct {
+	*fakeHV
+	defined []string
+}
+
+func (f *filterRecorder) DefineNWFilter(ctx context.Context, xml string) error {
+	f.defined = append(f.defined, xml)
+	return f.fakeHV.DefineNWFilter(ctx, xml)
+}
+
+// TestStartRedefinesTheFilter: every start, including the repair of a
+// running guest's dead filters, defines the packet filter this version
+// builds from the state before anything else, so an instance whose filter
+// is stale or was edited never boots (or keeps running) under it; and a
+// start whose filter cannot be defined does not boot the guest.
+func TestStartRedefinesTheFilter(t *testing.T) {
+	r := newRig(t)
+	rec := &filterRecorder{fakeHV: r.hv}
+	r.m.Hypervisor = rec
+	ctx := context.Background()
+	st, _, err := r.m.Create(ctx, Spec{Name: "dev", Accel: "tcg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := libvirt.NWFilterXML(ParamsOf(r.m.Layout, st))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.hv.failOn = "DefineNWFilter"
+	r.hv.calls = nil
+	if err := r.m.Start(ctx, "dev"); err == nil {
+		t.Fatal("start succeeded although the filter could not be defined")
+	}
+	if got := r.hv.callList(); !slices.Equal(got, []string{"DefineNWFilter"}) {
+		t.Errorf("calls after a failed filter define = %v, want nothing started", got)
+	}
+	r.hv.failOn = ""
+	rec.defined = nil
+	if err := r.m.Start(ctx, "dev"); err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.defined) != 1 || rec.defined[0] != want {
+		t.Errorf("start defined filters %q, want the current one", rec.defined)
+	}
+	r.d.Stop(ctx, "dev") // the daemon died; start repairs the running guest
+	rec.defined = nil
+	if err := r.m.Start(ctx, "dev"); err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.defined) != 1 || rec.defined[0] != want {
+		t.Errorf("repair defined filters %q, want the current one", rec.defined)
 	}
 }

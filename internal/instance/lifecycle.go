@@ -42,10 +42,22 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 	if err != nil {
 		return err
 	}
+	if state.Active() && m.Daemon.PID(name) != 0 {
+		return fmt.Errorf("starting %s: already running (state %s)", name, state)
+	}
+	// The packet filter is (re)defined from the state on every start, so
+	// the guest always runs under the current policy: an instance created
+	// by an older abox, or whose filter was edited with virsh, gets the
+	// filter this version builds. libvirt applies a redefinition to a
+	// running guest at once.
+	filterXML, err := libvirt.NWFilterXML(ParamsOf(m.Layout, st))
+	if err != nil {
+		return fmt.Errorf("starting %s: %w", name, err)
+	}
+	if err := m.Hypervisor.DefineNWFilter(ctx, filterXML); err != nil {
+		return fmt.Errorf("starting %s: packet filter: %w", name, err)
+	}
 	if state.Active() {
-		if m.Daemon.PID(name) != 0 {
-			return fmt.Errorf("starting %s: already running (state %s)", name, state)
-		}
 		// The guest runs but its filters died and stayed down (the guest is
 		// cut off meanwhile): bring the layers back without touching it.
 		m.progress("starting %s: the guest is running without its filters; restarting them", name)
