@@ -31,7 +31,7 @@ fuzz:
 # own; the harness's standalone boot test is left out (TestVM covers it).
 E2E_PKGS := ./e2e/... ./internal/libvirt/ ./internal/hostfw/ ./internal/image/
 e2e: deps
-	$(GO) test -tags e2e -count=1 -timeout 75m -v -skip 'TestBootDebian12' $(E2E_PKGS) 2>&1 | tee e2e.log | grep -E '^(=== RUN|--- |\s+--- |PASS|FAIL|ok|panic)|FIGURE'; exit $${PIPESTATUS[0]}
+	$(GO) test -p 1 -tags e2e -count=1 -timeout 75m -v -skip 'TestBootDebian12' $(E2E_PKGS) 2>&1 | tee e2e.log | grep -E '^(=== RUN|--- |\s+--- |PASS|FAIL|ok|panic)|FIGURE'; exit $${PIPESTATUS[0]}
 
 test: deps vet unit fuzz e2e
 
