@@ -44,6 +44,8 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record
 		return
 	}
 	defer conn.Close()
+	use, release := p.hold(t, conn)
+	defer release()
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		rec.err, rec.status = err, 499
 		p.finish(rec)
@@ -67,6 +69,9 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record
 		rec.mode = "mitm"
 		p.stats.intercepted.Add(1)
 		p.intercept(ctx, client, t, rec)
+	}
+	if use.revoked.Load() {
+		rec.verdict, rec.reason = allowlist.Block, ReasonRevoked
 	}
 	if rec.verdict == allowlist.Block {
 		// Refused after the 200 (SNI checks): the guest sees a closed

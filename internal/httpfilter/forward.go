@@ -144,7 +144,19 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record
 		r.Body = &countingBody{ReadCloser: r.Body, n: &rec.up}
 	}
 	cw := &countingWriter{ResponseWriter: w, rec: rec, upgrade: len(r.Header["Upgrade"]) > 0}
+	// A plain-HTTP exchange on the guest's own connection may stream or
+	// upgrade for hours: hold it for this target. (Inside a CONNECT tunnel
+	// the tunnel itself is held.)
+	var use *liveUse
+	if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
+		var release func()
+		use, release = p.hold(t, c)
+		defer release()
+	}
 	p.rp.ServeHTTP(cw, r.WithContext(ctx))
+	if use != nil && use.revoked.Load() {
+		rec.verdict, rec.reason = allowlist.Block, ReasonRevoked
+	}
 	if rec.status == 0 {
 		rec.status = cw.status
 		if rec.status == 0 && cw.upgrade {

@@ -98,6 +98,8 @@ type Proxy struct {
 
 	connsMu sync.Mutex
 	conns   map[*idleConn]struct{} // every open client connection, for shutdown
+
+	live liveSet // connections held for a target, re-checked on policy changes
 }
 
 // Reason codes of the proxy besides those of allowlist, policy, egress and
@@ -248,11 +250,17 @@ func (p *Proxy) Serve(ctx context.Context) error {
 		MaxHeaderBytes:    p.cfg.MaxHeaderBytes,
 		ErrorLog:          log.New(io.Discard, "", 0),
 		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
 	}
 	ln := &limitListener{Listener: p.cfg.Listener, p: p, sem: make(chan struct{}, p.cfg.MaxConns)}
 	errc := make(chan error, 2)
 	go func() { errc <- p.inner.Serve(p.innerLn) }()
 	go func() { errc <- outer.Serve(ln) }()
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go p.watchPolicy(wctx)
 	select {
 	case err := <-errc:
 		if !errors.Is(err, http.ErrServerClosed) {

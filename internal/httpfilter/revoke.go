@@ -1,0 +1,104 @@
+package httpfilter
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/egress"
+	"github.com/abox-dev/abox/internal/policy"
+)
+
+// ReasonRevoked: a tunnel, WebSocket or streaming response that was allowed
+// when it started, closed because the allowlist or the mode changed.
+const ReasonRevoked = "policy_revoked"
+
+// policyPoll is how often the proxy looks for a new allowlist or mode.
+const policyPoll = 250 * time.Millisecond
+
+// connKey carries the guest's outer connection in a request context.
+type connKey struct{}
+
+// liveUse is a guest connection held open for one target: a CONNECT tunnel
+// (intercepted or not) or a plain-HTTP exchange that may stream or upgrade.
+// Decisions are taken when a request starts; without this, a tunnel opened
+// in passive mode or before an entry was removed would outlive the policy
+// that allowed it for as long as it kept moving bytes.
+type liveUse struct {
+	t       egress.Target
+	c       net.Conn
+	revoked atomic.Bool
+}
+
+type liveSet struct {
+	mu sync.Mutex
+	m  map[*liveUse]struct{}
+}
+
+// hold registers c as carrying traffic for t until release is called.
+func (p *Proxy) hold(t egress.Target, c net.Conn) (u *liveUse, release func()) {
+	u = &liveUse{t: t, c: c}
+	p.live.mu.Lock()
+	if p.live.m == nil {
+		p.live.m = map[*liveUse]struct{}{}
+	}
+	p.live.m[u] = struct{}{}
+	p.live.mu.Unlock()
+	return u, func() {
+		p.live.mu.Lock()
+		delete(p.live.m, u)
+		p.live.mu.Unlock()
+	}
+}
+
+// stillAllowed re-applies the name part of the decision path to an open
+// connection's target. Addresses were checked when it was dialled.
+func (p *Proxy) stillAllowed(t egress.Target) bool {
+	if t.Name == policy.HealthcheckName || p.cfg.Policy.Mode() == policy.Passive {
+		return true
+	}
+	if t.IsIP() {
+		return false // literals are listed nowhere
+	}
+	return p.cfg.Policy.List().MatchNormalized(t.Name).Verdict == allowlist.Allow
+}
+
+// watchPolicy closes held connections whose target the policy no longer
+// allows, whenever the allowlist in force or the mode changes.
+func (p *Proxy) watchPolicy(ctx context.Context) {
+	tk := time.NewTicker(policyPoll)
+	defer tk.Stop()
+	list, mode := p.cfg.Policy.List(), p.cfg.Policy.Mode()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tk.C:
+		}
+		l, m := p.cfg.Policy.List(), p.cfg.Policy.Mode()
+		if l == list && m == mode {
+			continue
+		}
+		list, mode = l, m
+		p.revokeStale()
+	}
+}
+
+func (p *Proxy) revokeStale() {
+	p.live.mu.Lock()
+	var stale []*liveUse
+	for u := range p.live.m {
+		if !p.stillAllowed(u.t) {
+			stale = append(stale, u)
+		}
+	}
+	p.live.mu.Unlock()
+	for _, u := range stale {
+		u.revoked.Store(true)
+		p.log.Info("closing a connection the policy no longer allows", "host", u.t.Host(), "port", int(u.t.Port), "reason", ReasonRevoked)
+		u.c.Close()
+	}
+}
