@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -15,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/abox-dev/abox/internal/daemon"
-	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/dnsfilter"
 	"github.com/abox-dev/abox/internal/logring"
 	"github.com/abox-dev/abox/internal/netclass"
@@ -150,24 +147,12 @@ func runDNSServe(ctx context.Context, e *env, o *dnsServeOptions) error {
 	if err != nil {
 		return err
 	}
-	var out io.Writer = e.stderr
-	if o.logFile != "" {
-		if err := os.MkdirAll(filepath.Dir(o.logFile), 0o755); err != nil {
-			return fmt.Errorf("opening --log-file: %w", err)
-		}
-		f, err := os.OpenFile(o.logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
-		if err != nil {
-			return fmt.Errorf("opening --log-file: %w", err)
-		}
-		defer f.Close()
-		out = f
+	logs, err := openServeLogs(e, o.logFile)
+	if err != nil {
+		return err
 	}
-	ring := logring.New(2000)
-	// Decision lines are encoded on the query path and written in batches
-	// to the file and the ring; diagnostics join the same stream.
-	dlog := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{out, ring}})
-	defer dlog.Close()
-	log := slog.New(slog.NewJSONHandler(dlog, nil))
+	defer logs.Close()
+	ring, dlog, log := logs.ring, logs.decisions, logs.diag
 
 	pol, err := policy.New(policy.Config{AllowlistPath: c.allowlist, Logger: log})
 	if err != nil {

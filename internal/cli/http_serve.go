@@ -2,12 +2,9 @@ package cli
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -20,7 +17,6 @@ import (
 
 	"github.com/abox-dev/abox/internal/ca"
 	"github.com/abox-dev/abox/internal/daemon"
-	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/httpfilter"
 	"github.com/abox-dev/abox/internal/logring"
 	"github.com/abox-dev/abox/internal/netclass"
@@ -107,40 +103,6 @@ func parsePorts(s string) ([]uint16, error) {
 	return out, nil
 }
 
-func parsePermit(list []string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, s := range list {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			a, aerr := netip.ParseAddr(s)
-			if aerr != nil {
-				return nil, fmt.Errorf("--allow-private %q: not a CIDR (write for example 10.20.0.0/16 or fd00::/8)", s)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
-		}
-		out = append(out, p.Masked())
-	}
-	return out, nil
-}
-
-func upstreamRoots(file string) (*x509.CertPool, error) {
-	pool, err := x509.SystemCertPool()
-	if err != nil || pool == nil {
-		pool = x509.NewCertPool()
-	}
-	if file == "" {
-		return pool, nil
-	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("reading --upstream-ca: %w", err)
-	}
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("reading --upstream-ca %s: no PEM certificate in it", file)
-	}
-	return pool, nil
-}
-
 func runHTTPServe(ctx context.Context, e *env, o *httpServeOptions) error {
 	if err := validate.InstanceName(o.name); err != nil {
 		return usageError{fmt.Errorf("--name: %w", err)}
@@ -177,7 +139,7 @@ func runHTTPServe(ctx context.Context, e *env, o *httpServeOptions) error {
 		return withHint(fmt.Errorf("allowlist %s does not exist", allow),
 			"create it with one name per line (for example `echo example.com > allow.txt`) and pass --allowlist allow.txt")
 	}
-	roots, err := upstreamRoots(o.upstreamCA)
+	roots, err := ca.UpstreamRoots(o.upstreamCA)
 	if err != nil {
 		return err
 	}
@@ -199,24 +161,12 @@ func runHTTPServe(ctx context.Context, e *env, o *httpServeOptions) error {
 		return err
 	}
 
-	var out io.Writer = e.stderr
-	if o.logFile != "" {
-		if err := os.MkdirAll(filepath.Dir(o.logFile), 0o755); err != nil {
-			return fmt.Errorf("opening --log-file: %w", err)
-		}
-		f, err := os.OpenFile(o.logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
-		if err != nil {
-			return fmt.Errorf("opening --log-file: %w", err)
-		}
-		defer f.Close()
-		out = f
+	logs, err := openServeLogs(e, o.logFile)
+	if err != nil {
+		return err
 	}
-	ring := logring.New(2000)
-	// Decision lines go to the file and the ring in batches from a goroutine
-	// of their own: one write per batch, not one syscall per request.
-	dlog := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{out, ring}})
-	defer dlog.Close()
-	log := slog.New(slog.NewJSONHandler(dlog, nil))
+	defer logs.Close()
+	ring, log := logs.ring, logs.diag
 
 	pol, err := policy.New(policy.Config{AllowlistPath: allow, Logger: log})
 	if err != nil {

@@ -43,13 +43,11 @@ own /24, and the libvirt domain with its packet filter. Nothing runs until
 				}
 				s.Subnet = p
 			}
-			for _, c := range allowPrivate {
-				p, err := parseCIDR(c)
-				if err != nil {
-					return usageError{err}
-				}
-				s.AllowPrivate = append(s.AllowPrivate, p)
+			permit, err := parsePermit(allowPrivate)
+			if err != nil {
+				return usageError{err}
 			}
+			s.AllowPrivate = permit
 			for _, p := range ports {
 				if p == 0 || p > 65535 {
 					return usageError{fmt.Errorf("--port %d: want 1-65535", p)}
@@ -89,17 +87,6 @@ own /24, and the libvirt domain with its packet filter. Nothing runs until
 	f.StringVar(&s.UpstreamCA, "upstream-ca", "", "PEM FILE of extra roots the proxy trusts for origin TLS (besides the system's)")
 	f.StringVar(&s.Template, "template", "", "libvirt domain template FILE (replaces the hardened defaults)")
 	return cmd
-}
-
-func parseCIDR(s string) (netip.Prefix, error) {
-	p, err := netip.ParsePrefix(s)
-	if err != nil {
-		if a, aerr := netip.ParseAddr(s); aerr == nil {
-			return netip.PrefixFrom(a, a.BitLen()), nil
-		}
-		return netip.Prefix{}, fmt.Errorf("--allow-private %q: not a CIDR (write for example 10.20.0.0/16)", s)
-	}
-	return p.Masked(), nil
 }
 
 func newStartCmd(e *env) *cobra.Command {

@@ -2,7 +2,6 @@ package instance
 
 import (
 	"context"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
@@ -92,7 +91,7 @@ func RunFilters(ctx context.Context, l paths.Layout, name string, diag io.Writer
 		dl.Close()
 		return err
 	}
-	roots, err := upstreamRoots(st.UpstreamCA)
+	roots, err := ca.UpstreamRoots(st.UpstreamCA)
 	if err != nil {
 		hl.Close()
 		pc.Close()
@@ -128,24 +127,4 @@ func openAppend(dir, name string) (*os.File, error) {
 		return nil, err
 	}
 	return os.OpenFile(dir+"/"+name, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-}
-
-// upstreamRoots is the system pool plus the instance's extra bundle, or nil
-// (the system roots) when there is none.
-func upstreamRoots(bundle string) (*x509.CertPool, error) {
-	if bundle == "" {
-		return nil, nil
-	}
-	pool, err := x509.SystemCertPool()
-	if err != nil {
-		pool = x509.NewCertPool()
-	}
-	pem, err := os.ReadFile(bundle)
-	if err != nil {
-		return nil, fmt.Errorf("reading upstream CA bundle: %w", err)
-	}
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("upstream CA bundle %s holds no certificate", bundle)
-	}
-	return pool, nil
 }
