@@ -252,6 +252,14 @@ func TestVM(t *testing.T) {
 				t.Errorf("direct TCP to %s succeeded: %q", target, out)
 			}
 		}
+		// ICMP to anything but the gateway.
+		if out, err := s.guest("dev", "ping -c 2 -W 2 "+originIP); err == nil {
+			t.Errorf("ping to the origin succeeded: %s", out)
+		}
+		// Non-HTTP ports through the proxy: the port policy refuses them.
+		if out, _ := s.guest("dev", "curl -sS -m 10 -p -x "+proxy+" telnet://allowed.test:22 </dev/null 2>&1"); !strings.Contains(out, "403") {
+			t.Errorf("CONNECT to allowed.test:22 = %q, want a 403", out)
+		}
 		// UDP: a real resolver listens on the origin; it must not be reachable.
 		if out, _ := s.guest("dev", "dig +short +tries=1 +time=3 @"+originIP+" allowed.test"); hasLine(out, originIP) {
 			t.Errorf("direct UDP DNS to the origin answered: %q", out)
