@@ -1,13 +1,17 @@
 package cli
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -251,7 +255,7 @@ it (not example.com itself). Changes reach both filters and the allowlist file.`
 			return nil
 		},
 	}
-	cmd.AddCommand(add, remove, list, reload, newAllowlistCheckCmd(e))
+	cmd.AddCommand(add, remove, list, reload, newAllowlistEditCmd(e), newAllowlistCheckCmd(e))
 	return cmd
 }
 
@@ -399,4 +403,96 @@ func fetchProfile(ctx context.Context, e *env, name string) (policy.ProfileSnaps
 		return p, notRunningHint(name, err)
 	}
 	return p, nil
+}
+
+// newAllowlistEditCmd edits a copy of the allowlist in $EDITOR and installs
+// it only once it parses, so the filters never see a half-edited or invalid
+// file.
+func newAllowlistEditCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "edit NAME",
+		Short: "Edit the allowlist in $EDITOR; it is applied only if every line is valid",
+		Args:  exactArgs(1, "an instance NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := e.apiClient(args[0])
+			if err != nil {
+				return err
+			}
+			cur, err := c.Allowlist(cmd.Context())
+			if err != nil {
+				return notRunningHint(args[0], err)
+			}
+			orig, err := os.ReadFile(cur.Path)
+			if err != nil {
+				return fmt.Errorf("reading allowlist: %w", err)
+			}
+			tmp, err := os.CreateTemp("", "abox-allowlist-*.txt")
+			if err != nil {
+				return err
+			}
+			defer os.Remove(tmp.Name())
+			if _, err := tmp.Write(orig); err != nil {
+				tmp.Close()
+				return err
+			}
+			tmp.Close()
+			in := bufio.NewReader(e.stdin)
+			for {
+				if err := runEditor(cmd.Context(), e, tmp.Name()); err != nil {
+					return err
+				}
+				edited, err := os.ReadFile(tmp.Name())
+				if err != nil {
+					return err
+				}
+				if bytes.Equal(edited, orig) {
+					fmt.Fprintln(e.stderr, "no changes")
+					return nil
+				}
+				if _, perr := allowlist.Parse(bytes.NewReader(edited), cur.Path); perr != nil {
+					fmt.Fprintf(e.stderr, "%v\nedit again? [Y/n] ", perr)
+					answer, _ := in.ReadString('\n')
+					if a := strings.ToLower(strings.TrimSpace(answer)); a == "n" || a == "no" || answer == "" {
+						return errors.New("allowlist unchanged: the edit had invalid lines")
+					}
+					continue
+				}
+				// The file may have changed while the editor was open.
+				now, err := os.ReadFile(cur.Path)
+				if err != nil {
+					return err
+				}
+				if !bytes.Equal(now, orig) {
+					return withHint(errors.New("allowlist unchanged: the file changed while you were editing"), "run abox allowlist edit again")
+				}
+				if err := fsutil.WriteFileAtomic(cur.Path, edited, 0o644); err != nil {
+					return err
+				}
+				st, err := c.Reload(cmd.Context())
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(e.stderr, "applied %s: %d entries\n", st.Path, st.Entries)
+				return nil
+			}
+		},
+	}
+}
+
+// runEditor runs $VISUAL or $EDITOR (default vi) on path, attached to the terminal.
+func runEditor(ctx context.Context, e *env, path string) error {
+	ed := os.Getenv("VISUAL")
+	if ed == "" {
+		ed = os.Getenv("EDITOR")
+	}
+	if ed == "" {
+		ed = "vi"
+	}
+	argv := strings.Fields(ed)
+	c := exec.CommandContext(ctx, argv[0], append(argv[1:], path)...)
+	c.Stdin, c.Stdout, c.Stderr = os.Stdin, e.stderr, e.stderr
+	if err := c.Run(); err != nil {
+		return fmt.Errorf("running editor %s: %w (set EDITOR)", argv[0], err)
+	}
+	return nil
 }

@@ -154,3 +154,32 @@ func TestStatusAndLogsCommands(t *testing.T) {
 		t.Error("an invalid instance name was accepted")
 	}
 }
+
+func TestAllowlistEdit(t *testing.T) {
+	run, eng := controlRig(t)
+	dir := t.TempDir()
+	editor := func(content string) {
+		script := filepath.Join(dir, "ed.sh")
+		os.WriteFile(script, []byte("#!/bin/sh\nprintf '"+content+"' > \"$1\"\n"), 0o755)
+		t.Setenv("VISUAL", "")
+		t.Setenv("EDITOR", script)
+	}
+	editor(`edited.example.com\n`)
+	if _, stderr, err := run("allowlist", "edit", "dev"); err != nil || !strings.Contains(stderr, "applied") {
+		t.Fatalf("edit: %v %q", err, stderr)
+	}
+	if eng.Decide("edited.example.com").Verdict != "allow" {
+		t.Error("the edit did not reach the filters")
+	}
+	// An invalid edit is refused (no answer on stdin means "do not retry")
+	// and the file and the filters keep the previous list.
+	before, _ := os.ReadFile(eng.Path())
+	editor(`other.example.com\n*\n`)
+	if _, stderr, err := run("allowlist", "edit", "dev"); err == nil || !strings.Contains(stderr, ":2:") {
+		t.Fatalf("invalid edit: %v %q", err, stderr)
+	}
+	after, _ := os.ReadFile(eng.Path())
+	if string(after) != string(before) || eng.Decide("other.example.com").Verdict != "block" {
+		t.Errorf("an invalid edit changed the allowlist:\n%s", after)
+	}
+}
