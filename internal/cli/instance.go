@@ -193,7 +193,7 @@ func newListCmd(e *env) *cobra.Command {
 		Short:   "List instances",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, closeFn, err := e.manager(cmd.Context())
+			m, closeFn, err := e.readManager(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -234,7 +234,7 @@ func newStatusCmd(e *env) *cobra.Command {
 		Short: "Show an instance's definition and live state",
 		Args:  exactArgs(1, "an instance NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, closeFn, err := e.manager(cmd.Context())
+			m, closeFn, err := e.readManager(cmd.Context())
 			if err != nil {
 				return err
 			}

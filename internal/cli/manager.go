@@ -38,7 +38,7 @@ func (e *env) manager(ctx context.Context) (*instance.Manager, func(), error) {
 	sock := libvirtSocket()
 	hv, err := libvirt.Dial(ctx, sock)
 	if err != nil {
-		return nil, nil, withHint(fmt.Errorf("connecting to libvirt at %s: %w", sock, err),
+		return nil, nil, withHint(err,
 			"start libvirtd (`libvirtd -d` with virtlogd, or `make deps` to install it) and run abox as root")
 	}
 	exe, err := os.Executable()
@@ -75,4 +75,20 @@ func (seedWriter) WriteSeed(ctx context.Context, path string, in instance.SeedIn
 		return err
 	}
 	return cloudinit.WriteISO(ctx, cloudinit.ExecRunner{}, s, path)
+}
+
+// readManager is manager for read-only commands: when libvirtd cannot be
+// reached they still show what abox knows, with the live status "unknown".
+func (e *env) readManager(ctx context.Context) (*instance.Manager, func(), error) {
+	m, closeFn, err := e.manager(ctx)
+	if err == nil {
+		return m, closeFn, nil
+	}
+	l, lerr := e.layout()
+	if lerr != nil {
+		return nil, nil, lerr
+	}
+	fmt.Fprintf(e.stderr, "warning: %v; live status unknown\n", err)
+	exe, _ := os.Executable()
+	return &instance.Manager{Layout: l, Daemon: &instance.ProcessDaemon{Layout: l, Exe: exe}}, func() {}, nil
 }
