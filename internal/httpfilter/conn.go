@@ -3,9 +3,11 @@ package httpfilter
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,6 +60,13 @@ func (c *idleConn) Write(b []byte) (int, error) {
 		c.tx.Add(int64(n))
 	}
 	return n, err
+}
+
+// moved accounts bytes that bypassed Read and Write (spliced in the kernel).
+func (c *idleConn) moved(rx, tx int64) {
+	c.last.Store(time.Now().UnixNano())
+	c.rx.Add(rx)
+	c.tx.Add(tx)
 }
 
 func (c *idleConn) Close() error {
@@ -224,9 +233,10 @@ const (
 )
 
 // copyHalf copies src to dst, then half-closes dst. An idle tunnel should
-// cost little, so a direction starts with a small buffer and takes a large
-// pooled one only while reads fill the small one (a bulk transfer); the
-// large buffer goes back to the pool as soon as the flow slows down.
+// cost little, so a direction starts with a small buffer; while reads fill
+// it (a bulk transfer) the bytes move inside the kernel (splice(2)) when both
+// ends are plain TCP, else through a large pooled buffer. Either goes back
+// to the small buffer as soon as the flow slows down.
 func copyHalf(dst, src net.Conn) int64 {
 	small := make([]byte, smallBuf)
 	buf := small
@@ -254,6 +264,14 @@ func copyHalf(dst, src net.Conn) int64 {
 		}
 		switch {
 		case big == nil && n == len(buf):
+			if sn, serr, stalled, ok := spliceHalf(dst, src); ok {
+				total += sn
+				if !stalled {
+					err = serr
+					goto done
+				}
+				continue
+			}
 			big = copyBufs.Get().(*[]byte)
 			buf = *big
 		case big != nil && n < smallBuf:
@@ -261,6 +279,7 @@ func copyHalf(dst, src net.Conn) int64 {
 			big, buf = nil, small
 		}
 	}
+done:
 	if err == io.EOF {
 		err = nil
 	}
@@ -269,6 +288,93 @@ func copyHalf(dst, src net.Conn) int64 {
 		src.Close()
 	}
 	return total
+}
+
+const (
+	// spliceChunk bounds one splice call, so byte counts stay current.
+	spliceChunk = 4 << 20
+	// maxSpliceSlice bounds how long one splice call may wait: the idle
+	// accounting sees progress at least this often.
+	maxSpliceSlice = time.Second
+)
+
+// spliceHalf moves bytes from src to dst with splice(2) while they keep
+// coming, when both are TCP connections the proxy owns (an h1 guard only once
+// it passes bytes through unparsed). Each call is bounded by a read deadline
+// of a fraction of the idle timeout, after which the bytes it moved count as
+// activity; a slice that moved nothing ends the bulk phase (stalled) and the
+// caller goes back to buffered reads, so an idle tunnel holds no pipe and no
+// deadline. ok is false when splicing is not possible; err is the error that
+// ended the direction (nil at EOF) when not stalled.
+func spliceHalf(dst, src net.Conn) (total int64, err error, stalled, ok bool) {
+	dt, di := rawTCP(dst, false)
+	st, si := rawTCP(src, true)
+	if dt == nil || st == nil {
+		return 0, nil, false, false
+	}
+	slice := maxSpliceSlice
+	if si.idle > 0 {
+		slice = min(slice, max(si.idle/4, time.Millisecond))
+	}
+	if di.idle > 0 {
+		slice = min(slice, max(di.idle/4, time.Millisecond))
+	}
+	defer st.SetReadDeadline(time.Time{})
+	for {
+		if err := st.SetReadDeadline(time.Now().Add(slice)); err != nil {
+			return total, err, false, true
+		}
+		lr := &io.LimitedReader{R: st, N: spliceChunk}
+		n, err := dt.ReadFrom(lr)
+		if n > 0 {
+			total += n
+			si.moved(n, 0)
+			di.moved(0, n)
+		}
+		switch {
+		case err != nil && errors.Is(err, os.ErrDeadlineExceeded):
+			if n == 0 {
+				return total, nil, true, true
+			}
+		case err != nil:
+			return total, err, false, true
+		case lr.N > 0:
+			return total, nil, false, true // EOF
+		}
+	}
+}
+
+// rawTCP finds the TCP connection under one end of a tunnel and the idleConn
+// that accounts for it. A reading end behind an h1 guard qualifies only once
+// the guard has stopped parsing (after the CONNECT), a writing end only if
+// the guard has not refused; anything else (replayed prefix bytes, a custom
+// dialer's connection) goes through Read and Write.
+func rawTCP(c net.Conn, reading bool) (*net.TCPConn, *idleConn) {
+	for {
+		switch v := c.(type) {
+		case *h1Guard:
+			if reading && v.st != stPass {
+				return nil, nil
+			}
+			if !reading {
+				v.wmu.Lock()
+				rejected := v.rejected
+				v.wmu.Unlock()
+				if rejected {
+					return nil, nil
+				}
+			}
+			c = v.Conn
+		case *idleConn:
+			tc, ok := v.Conn.(*net.TCPConn)
+			if !ok {
+				return nil, nil
+			}
+			return tc, v
+		default:
+			return nil, nil
+		}
+	}
 }
 
 func closeWrite(c net.Conn) error {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
@@ -134,6 +135,13 @@ func (p *Proxy) finish(r *record) {
 	if r.status == http.StatusBadGateway || r.status == http.StatusGatewayTimeout {
 		p.stats.upstreamErrors.Add(1)
 	}
+	if p.lines != nil {
+		p.lines.Emit(r.line(time.Now()))
+		return
+	}
+	if !p.dlog.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
 	attrs := make([]slog.Attr, 0, 20)
 	attrs = append(attrs,
 		slog.String("kind", r.kind),
@@ -171,6 +179,47 @@ func (p *Proxy) finish(r *record) {
 		attrs = append(attrs, slog.String("error", r.err.Error()))
 	}
 	p.dlog.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
+}
+
+// line encodes r as the decision line finish writes through slog: the same
+// fields, in the same order, with the same encoding (see docs/http.md), but
+// without reflection or per-field allocation.
+func (r *record) line(now time.Time) *decisionlog.Line {
+	l := decisionlog.NewLine(now, slog.LevelInfo, "request")
+	l.String("kind", r.kind).
+		String("client", r.client).
+		String("method", r.method).
+		String("host", r.host).
+		Int("port", int64(r.port)).
+		String("path", r.path).
+		Int("status", int64(r.status)).
+		Int("bytes_up", r.up).
+		Int("bytes_down", r.down).
+		Float("duration_ms", float64(now.Sub(r.start).Microseconds())/1000).
+		String("verdict", string(r.verdict)).
+		String("reason", r.reason)
+	if r.rule != "" {
+		l.String("rule", r.rule)
+	}
+	if r.denialID != "" {
+		l.String("denial_id", r.denialID)
+	}
+	if r.mode != "" {
+		l.String("mode", r.mode)
+	}
+	if r.connect != "" {
+		l.String("connect", r.connect)
+	}
+	if r.asked != "" {
+		l.String("asked_host", r.asked)
+	}
+	if r.sni != "" {
+		l.String("sni", r.sni)
+	}
+	if r.err != nil {
+		l.String("error", r.err.Error())
+	}
+	return l
 }
 
 // refuse answers a blocked request: a short text body naming the host and

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/ca"
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
 )
@@ -113,6 +114,7 @@ type hopts struct {
 	permit     []string
 	hostAddrs  []string
 	dialer     *recordingDialer
+	decisions  bool // decision lines through a decisionlog.Writer (h.lines)
 	resolver   interface {
 		LookupNetIP(context.Context, string) ([]netip.Addr, error)
 	}
@@ -128,6 +130,7 @@ type harness struct {
 	origin  *ca.CA
 	roots   *x509.CertPool
 	log     *syncBuffer
+	lines   *decisionlog.Writer // set with hopts.decisions
 	keyLog  string
 	cancel  context.CancelFunc
 	done    chan error
@@ -199,6 +202,11 @@ func newHarness(t *testing.T, o hopts) *harness {
 	}
 	if o.dialer != nil {
 		cfg.Dialer = o.dialer
+	}
+	if o.decisions {
+		h.lines = decisionlog.New(decisionlog.Config{Sinks: []io.Writer{h.log}})
+		t.Cleanup(func() { h.lines.Close() })
+		cfg.Decisions = h.lines
 	}
 	p, err := New(cfg)
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/ca"
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
@@ -57,6 +58,11 @@ type Config struct {
 	KeyLogPath string
 	// DecisionLog receives one JSON line per request or tunnel; nil discards.
 	DecisionLog *slog.Logger
+	// Decisions, when set, takes the decision lines instead of DecisionLog:
+	// the same lines (fields, order, encoding), built by decisionlog's
+	// append encoder instead of log/slog. Point DecisionLog's handler at
+	// the same Writer for the rarer lines that still use slog.
+	Decisions *decisionlog.Writer
 	// Logger receives diagnostics; nil discards.
 	Logger *slog.Logger
 	// MaxConns caps concurrent client connections; 0 means 1024.
@@ -85,6 +91,7 @@ type Proxy struct {
 	ports      map[uint16]bool
 	exceptions map[string]bool
 	dlog       *slog.Logger
+	lines      *decisionlog.Writer // nil: decision lines go through dlog
 	log        *slog.Logger
 
 	transport *http.Transport
@@ -161,6 +168,7 @@ func New(cfg Config) (*Proxy, error) {
 		ports:      map[uint16]bool{},
 		exceptions: map[string]bool{},
 		dlog:       cfg.DecisionLog,
+		lines:      cfg.Decisions,
 		log:        cfg.Logger,
 		keylog:     &keyLog{path: cfg.KeyLogPath},
 		conns:      map[*idleConn]struct{}{},

@@ -27,6 +27,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -53,6 +54,7 @@ type options struct {
 	tunnels  int
 	logMode  string
 	only     string
+	match    string
 	rounds   int
 }
 
@@ -96,8 +98,9 @@ func run() error {
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds alternating direct and proxied runs; the table shows each path's median")
 	flag.Int64Var(&o.bigSize, "big", 512<<20, "bytes of the large-body transfer")
 	flag.IntVar(&o.tunnels, "tunnels", 1000, "open tunnels for the memory figure")
-	flag.StringVar(&o.logMode, "log", "file", "decision log of the proxy: file (a JSON line per request to a temp file, as `abox http serve --log-file`) or none")
+	flag.StringVar(&o.logMode, "log", "file", "decision log of the proxy: file (a JSON line per request to a temp file through log/slog, as `abox http serve --log-file`), line (the same lines through decisionlog's encoder, Config.Decisions) or none")
 	flag.StringVar(&o.only, "only", "", "run only this part: rps, mbps or memory")
+	flag.StringVar(&o.match, "match", "", "run only the rps rows whose scenario and conn contain this (\"plain HTTP keep-alive\"), e.g. to profile one")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to FILE")
 	memprofile := flag.String("memprofile", "", "write an allocation profile at the end to FILE")
 	flag.Parse()
@@ -162,17 +165,24 @@ func (e *env) rps(tlsPort string) {
 		if !keep {
 			conn = "new"
 		}
-		d, p := e.alternate(func() result { return e.measure(e.client(keep, false, nil), httpURL) },
-			func() result { return e.measure(e.client(keep, true, nil), httpURL) })
-		row(tw, "plain HTTP", conn, d, p, 0.5)
-		d, p = e.alternate(func() result { return e.measure(e.client(keep, false, e.origRoots), "https://mitm.bench:"+tlsPort+"/") },
-			func() result {
-				return e.measure(e.client(keep, true, e.origRoots), "https://tunnel.bench:"+tlsPort+"/")
-			})
-		row(tw, "CONNECT tunnel", conn, d, p, 0)
-		d, p = e.alternate(func() result { return e.measure(e.client(keep, false, e.origRoots), "https://mitm.bench:"+tlsPort+"/") },
-			func() result { return e.measure(e.client(keep, true, e.proxyRoots), "https://mitm.bench:"+tlsPort+"/") })
-		row(tw, "intercepted HTTPS", conn, d, p, 0)
+		want := func(name string) bool { return strings.Contains(name+" "+conn, e.o.match) }
+		if want("plain HTTP") {
+			d, p := e.alternate(func() result { return e.measure(e.client(keep, false, nil), httpURL) },
+				func() result { return e.measure(e.client(keep, true, nil), httpURL) })
+			row(tw, "plain HTTP", conn, d, p, 0.5)
+		}
+		if want("CONNECT tunnel") {
+			d, p := e.alternate(func() result { return e.measure(e.client(keep, false, e.origRoots), "https://mitm.bench:"+tlsPort+"/") },
+				func() result {
+					return e.measure(e.client(keep, true, e.origRoots), "https://tunnel.bench:"+tlsPort+"/")
+				})
+			row(tw, "CONNECT tunnel", conn, d, p, 0)
+		}
+		if want("intercepted HTTPS") {
+			d, p := e.alternate(func() result { return e.measure(e.client(keep, false, e.origRoots), "https://mitm.bench:"+tlsPort+"/") },
+				func() result { return e.measure(e.client(keep, true, e.proxyRoots), "https://mitm.bench:"+tlsPort+"/") })
+			row(tw, "intercepted HTTPS", conn, d, p, 0)
+		}
 	}
 	tw.Flush()
 	fmt.Println()
@@ -180,11 +190,23 @@ func (e *env) rps(tlsPort string) {
 
 // alternate runs direct and proxied measurements in turns, so that a busy
 // neighbour on the machine hits both alike, and returns each one's median.
+// The order flips every round (direct first, then proxied first, ...) so
+// neither path always runs second, after the other's warm-up; and the heap
+// is collected before each run, so no run pays for the garbage of the one
+// before it (client, origins and proxy share one process).
 func (e *env) alternate(direct, proxied func() result) (result, result) {
 	var ds, ps []result
 	for i := 0; i < e.o.rounds; i++ {
-		ds = append(ds, direct())
-		ps = append(ps, proxied())
+		runtime.GC()
+		if i%2 == 0 {
+			ds = append(ds, direct())
+			runtime.GC()
+			ps = append(ps, proxied())
+		} else {
+			ps = append(ps, proxied())
+			runtime.GC()
+			ds = append(ds, direct())
+		}
 	}
 	return median(ds), median(ps)
 }
@@ -291,11 +313,19 @@ func (e *env) start() (func(), error) {
 		return nil, err
 	}
 	var dlog *slog.Logger
-	if e.o.logMode == "file" {
+	var lines *decisionlog.Writer
+	switch e.o.logMode {
+	case "file", "line":
 		// As `abox http serve --log-file`: batched to the file.
 		dw := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{logf}})
 		e.closers = append(e.closers, dw.Close)
 		dlog = slog.New(slog.NewJSONHandler(dw, nil))
+		if e.o.logMode == "line" {
+			lines = dw
+		}
+	case "none":
+	default:
+		return nil, fmt.Errorf("-log %q: want file, line or none", e.o.logMode)
 	}
 	hp, _ := strconv.Atoi(portOf(e.httpOrigin.URL))
 	tp, _ := strconv.Atoi(portOf(e.tlsOrigin.URL))
@@ -309,6 +339,7 @@ func (e *env) start() (func(), error) {
 		MITMExceptions: []string{"tunnel.bench"},
 		UpstreamRoots:  e.origRoots,
 		DecisionLog:    dlog,
+		Decisions:      lines,
 		MaxConns:       4 * e.o.tunnels,
 	})
 	if err != nil {

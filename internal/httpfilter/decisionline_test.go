@@ -1,0 +1,101 @@
+package httpfilter
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/decisionlog"
+)
+
+// TestDecisionLineMatchesSlog: a record written through decisionlog's
+// encoder (Config.Decisions) is byte for byte the line the slog path
+// writes, apart from the time stamp, whatever the guest put in the fields.
+func TestDecisionLineMatchesSlog(t *testing.T) {
+	start := time.Now().Add(-1234567 * time.Microsecond)
+	recs := []*record{
+		{start: start, kind: "http", client: "10.0.0.2:4242", method: "GET", host: "example.org", port: 80, path: "/a/b",
+			status: 200, verdict: allowlist.Allow, reason: "allowlisted", rule: "example.org", up: 12, down: 3456},
+		{start: start, kind: "connect", client: "10.0.0.2:1", method: "CONNECT", host: "evil.test", port: 443, status: 403,
+			verdict: allowlist.Block, reason: "not_allowlisted", denialID: "3f9c2a7b41d0", mode: "mitm", sni: "x\u2028y"},
+		{start: start, kind: "inner", client: "c", method: "G\"E\\T", host: "h\x00\x1f\x7f", port: 8443,
+			path: "/\xff\xfe%2e\n\r\t<>&", status: 403, verdict: allowlist.Block, reason: "domain_fronting",
+			connect: "a.test:443", asked: "b.test:443", err: errors.New("dial: \"quoted\" \u00e9 \xc3")},
+		{start: time.Now(), kind: "http"},
+	}
+	for i, r := range recs {
+		var viaSlog, viaLine bytes.Buffer
+		p := &Proxy{dlog: slog.New(slog.NewJSONHandler(&viaSlog, nil))}
+		p.stats.blocked = map[string]uint64{}
+		p.finish(r)
+		w := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{&viaLine}})
+		p = &Proxy{dlog: slog.New(slog.DiscardHandler), lines: w}
+		p.stats.blocked = map[string]uint64{}
+		p.finish(r)
+		w.Close()
+		a, b := stripTimes(t, viaSlog.String()), stripTimes(t, viaLine.String())
+		if a != b {
+			t.Errorf("record %d:\nslog: %s\nline: %s", i, a, b)
+		}
+	}
+}
+
+// stripTimes drops the time stamp and the duration, which differ between
+// two writes of one record.
+func stripTimes(t *testing.T, line string) string {
+	t.Helper()
+	i := strings.Index(line, `","level":`)
+	j := strings.Index(line, `,"duration_ms":`)
+	k := strings.Index(line, `,"verdict":`)
+	if !strings.HasPrefix(line, `{"time":"`) || i < 0 || j < 0 || k < j {
+		t.Fatalf("unexpected line %q", line)
+	}
+	return line[i:j] + line[k:]
+}
+
+// TestDecisionsWriterEndToEnd runs allowed, blocked and intercepted requests
+// with Config.Decisions: every request has its line with the documented
+// fields.
+func TestDecisionsWriterEndToEnd(t *testing.T) {
+	h := newHarness(t, hopts{allow: []string{"origin.test"}, decisions: true})
+	o := newHTTPOrigin(t, originMux())
+	h.allowOrigin("origin.test", o, port(t, o))
+	c := h.client(false)
+	for _, u := range []string{"http://origin.test:" + port(t, o) + "/ok?secret=1", "http://blocked.test/x"} {
+		resp, err := c.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	c.Transport.(*http.Transport).CloseIdleConnections()
+	deadline := time.Now().Add(5 * time.Second)
+	var ok, blocked map[string]any
+	for time.Now().Before(deadline) {
+		h.lines.Sync()
+		ok, blocked = h.lastLog("host", "origin.test"), h.lastLog("host", "blocked.test")
+		if ok != nil && blocked != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if ok == nil || blocked == nil {
+		t.Fatalf("missing lines: ok %v blocked %v", ok, blocked)
+	}
+	for k, v := range map[string]any{"msg": "request", "level": "INFO", "kind": "http", "method": "GET", "path": "/ok",
+		"status": float64(200), "verdict": "allow", "reason": "allowlisted"} {
+		if ok[k] != v {
+			t.Errorf("allowed line: %s = %v, want %v (%v)", k, ok[k], v, ok)
+		}
+	}
+	if blocked["status"] != float64(403) || blocked["reason"] != "not_allowlisted" || blocked["denial_id"] == nil {
+		t.Errorf("blocked line: %v", blocked)
+	}
+}

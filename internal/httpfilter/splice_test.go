@@ -1,0 +1,115 @@
+package httpfilter
+
+import (
+	"bytes"
+	"crypto/rand"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := <-acc
+	if s == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c, s
+}
+
+// TestSpliceTunnel relays a bulk transfer and then a trickle through pipe
+// with both ends wrapped as in a real tunnel (guard after CONNECT, idle
+// timeout): the bytes arrive intact, are counted on both idleConns, and the
+// trickle after the bulk phase (gaps longer than a splice slice, shorter
+// than the idle timeout) keeps the tunnel open.
+func TestSpliceTunnel(t *testing.T) {
+	const idle = 400 * time.Millisecond
+	guest, clientEnd := tcpPair(t)
+	upEnd, origin := tcpPair(t)
+	cic := newIdleConn(clientEnd, idle, nil)
+	g := newH1Guard(cic, 64<<10, nil)
+	g.st = stPass // as after a CONNECT
+	uic := newIdleConn(upEnd, idle, nil)
+	if tc, _ := rawTCP(g, true); tc == nil {
+		t.Fatal("guard in pass mode should expose its TCP connection")
+	}
+	if tc, _ := rawTCP(withPrefix(g, []byte("x")), true); tc != nil {
+		t.Fatal("a connection with replayed bytes must not be spliced")
+	}
+	g2 := newH1Guard(cic, 64<<10, nil)
+	if tc, _ := rawTCP(g2, true); tc != nil {
+		t.Fatal("a guard that still parses must not be bypassed")
+	}
+
+	payload := make([]byte, 16<<20)
+	rand.Read(payload)
+	trickle := []byte("tick tick tick")
+	done := make(chan [2]int64, 1)
+	go func() {
+		ab, ba := pipe(g, uic)
+		done <- [2]int64{ab, ba}
+	}()
+	go func() {
+		origin.Write(payload)
+		for _, b := range trickle {
+			time.Sleep(idle / 2)
+			origin.Write([]byte{b})
+		}
+		origin.(*net.TCPConn).CloseWrite()
+	}()
+	got, err := io.ReadAll(guest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(append([]byte(nil), payload...), trickle...)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("received %d bytes, want %d (or content differs)", len(got), len(want))
+	}
+	guest.Close()
+	n := <-done
+	if n[1] != int64(len(want)) {
+		t.Errorf("pipe counted %d bytes down, want %d", n[1], len(want))
+	}
+	if cic.tx.Load() != int64(len(want)) || uic.rx.Load() != int64(len(want)) {
+		t.Errorf("idleConn counts: client tx %d, upstream rx %d, want %d", cic.tx.Load(), uic.rx.Load(), len(want))
+	}
+}
+
+// TestSpliceIdleStillCloses: a spliced tunnel that goes quiet is closed by
+// the idle timeout as before.
+func TestSpliceIdleStillCloses(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	guest, clientEnd := tcpPair(t)
+	upEnd, origin := tcpPair(t)
+	cic := newIdleConn(clientEnd, idle, nil)
+	uic := newIdleConn(upEnd, idle, nil)
+	done := make(chan struct{})
+	go func() {
+		pipe(cic, uic)
+		close(done)
+	}()
+	origin.Write(make([]byte, 8<<20))
+	go io.Copy(io.Discard, guest)
+	select {
+	case <-done:
+	case <-time.After(10 * idle):
+		t.Fatal("idle tunnel still open")
+	}
+}
