@@ -374,21 +374,49 @@ func TestVM(t *testing.T) {
 		if out, err := s.guest("dev", direct); err == nil {
 			t.Fatalf("direct egress succeeded with abox's FORWARD chain in place: %q", out)
 		}
-		// Control: without the chain the same request goes through, so the
-		// check above really tested the chain.
+		// The host INPUT chain alone keeps the guest away from the host's
+		// own services (lab.HostListen on every host address, the DNS
+		// filter's TCP socket), while DNS over UDP and the proxy work.
+		hostSvc := "curl -sS -m 8 --noproxy '*' http://" + gw + ":8081/"
+		tcpDNS := "dig +tcp +short +tries=1 +time=4 @" + gw + " allowed.test"
+		if out, err := s.guest("dev", hostSvc); err == nil || strings.Contains(out, "HOST SERVICE") {
+			t.Errorf("host service on %s:8081 reached with abox's INPUT chain in place: %q", gw, out)
+		}
+		if out, _ := s.guest("dev", tcpDNS); hasLine(out, originIP) {
+			t.Errorf("TCP/53 on the gateway answered with abox's INPUT chain in place: %q", out)
+		}
+		if out := s.mustGuest(t, "dev", "dig +short +tries=1 +time=5 @"+gw+" allowed.test"); !hasLine(out, originIP) {
+			t.Errorf("DNS over UDP with the nwfilter opened = %q, want %s", out, originIP)
+		}
+		if out := s.mustGuest(t, "dev", "curl -sS -m 20 -x "+proxy+" http://allowed.test/layers"); !strings.Contains(out, "GET /layers") {
+			t.Errorf("proxy with the nwfilter opened = %q", out)
+		}
+		// Control: without the chains the same requests go through, so the
+		// checks above really tested the chains.
 		fw := hostfw.New(nsRunner{s})
 		if err := fw.Remove(s.ctx, dev.Bridge); err != nil {
 			t.Fatal(err)
 		}
 		out, err := s.guest("dev", direct)
-		if ferr := fw.Ensure(s.ctx, dev.Bridge); ferr != nil {
+		svcOut, svcErr := s.guest("dev", hostSvc)
+		dnsOut, _ := s.guest("dev", tcpDNS)
+		if ferr := fw.Ensure(s.ctx, hostfw.Bridge{Name: dev.Bridge, Gateway: dev.Gateway, ProxyPort: dev.ProxyPort}); ferr != nil {
 			t.Fatal(ferr)
 		}
 		if err != nil || !strings.Contains(out, "GET /direct") {
 			t.Errorf("control: without the chain (and nwfilter opened) direct egress still failed (%v: %q); the test proves nothing", err, out)
 		}
+		if svcErr != nil || !strings.Contains(svcOut, "HOST SERVICE") {
+			t.Errorf("control: without the INPUT chain (and nwfilter opened) %s:8081 still failed (%v: %q); the test proves nothing", gw, svcErr, svcOut)
+		}
+		if !hasLine(dnsOut, originIP) {
+			t.Errorf("control: without the INPUT chain (and nwfilter opened) TCP/53 on the gateway still failed (%q); the test proves nothing", dnsOut)
+		}
 		if out, err := s.guest("dev", direct); err == nil {
 			t.Errorf("direct egress succeeded after the chain was restored: %q", out)
+		}
+		if out, err := s.guest("dev", hostSvc); err == nil || strings.Contains(out, "HOST SERVICE") {
+			t.Errorf("host service on %s:8081 reached after the INPUT chain was restored: %q", gw, out)
 		}
 	})
 	t.Run("each layer alone: with the filter daemon stopped nothing leaves", func(t *testing.T) {
@@ -419,7 +447,7 @@ func TestVM(t *testing.T) {
 		}
 		// iptables-nft reports a missing chain as "incompatible" when the
 		// table holds libvirt's rules, so look at the whole table instead.
-		if out, err := s.inNS(10*time.Second, "iptables", "-w", "10", "-t", hostfw.Table, "-S"); err != nil || (strings.Contains(out, hostfw.ChainName(peer.Bridge)) || strings.Contains(out, hostfw.OutputChainName(peer.Bridge))) {
+		if out, err := s.inNS(10*time.Second, "iptables", "-w", "10", "-t", hostfw.Table, "-S"); err != nil || (strings.Contains(out, hostfw.ChainName(peer.Bridge)) || strings.Contains(out, hostfw.OutputChainName(peer.Bridge)) || strings.Contains(out, hostfw.InputChainName(peer.Bridge))) {
 			t.Errorf("firewall chain still present (%v):\n%s", err, out)
 		}
 		if out, _ := s.env.Virsh(s.ctx, "list", "--all", "--name"); strings.Contains(out, "abox-peer") {

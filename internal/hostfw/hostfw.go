@@ -1,7 +1,9 @@
 // Package hostfw owns abox's host firewall chains, per bridge and in both
-// iptables and ip6tables: a FORWARD default-deny chain, and an OUTPUT chain
+// iptables and ip6tables: a FORWARD default-deny chain, an OUTPUT chain
 // that lets the host send into the bridge only replies and new SSH
-// connections (IPv4) or nothing (IPv6).
+// connections (IPv4) or nothing (IPv6), and an INPUT chain that lets the
+// guest reach on the host only the gateway's DNS, proxy and ICMP echo, plus
+// replies (IPv4), or nothing (IPv6).
 package hostfw
 
 import (
@@ -10,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,7 +53,9 @@ func (ExecRunner) Run(ctx context.Context, name string, args ...string) ([]byte,
 // the LAN to the guest's port 22. mangle/FORWARD is traversed before
 // filter/FORWARD and libvirt leaves it alone, so our DROP always comes
 // first and survives libvirt restarting networks or filters. Likewise
-// mangle/OUTPUT comes before filter/OUTPUT, for the host's own packets.
+// mangle/OUTPUT comes before filter/OUTPUT, for the host's own packets,
+// and mangle/INPUT before filter/INPUT (where libvirt's nwfilter puts its
+// host-in jumps), for what the guest sends the host itself.
 const Table = "mangle"
 
 // ChainPrefix starts the FORWARD chain of a bridge; the rest is the
@@ -61,6 +66,9 @@ const ChainPrefix = "ABOX-"
 // OutputChainPrefix starts the OUTPUT chain of a bridge.
 const OutputChainPrefix = "ABOXO-"
 
+// InputChainPrefix starts the INPUT chain of a bridge.
+const InputChainPrefix = "ABOXI-"
+
 // ChainName is the FORWARD chain for a bridge.
 func ChainName(bridge string) string { return ChainPrefix + bridge }
 
@@ -68,6 +76,36 @@ func ChainName(bridge string) string { return ChainPrefix + bridge }
 // sends into the bridge. libvirt's nwfilter sees only bridged traffic, so
 // without this chain any host process could open connections to the guest.
 func OutputChainName(bridge string) string { return OutputChainPrefix + bridge }
+
+// InputChainName is the INPUT chain for a bridge: what the guest sends to
+// the host itself. It repeats the nwfilter's guest-initiated allowlist, so
+// that a detached or broken nwfilter does not open every service the host
+// listens on (on the gateway or any other of its addresses) to the guest.
+func InputChainName(bridge string) string { return InputChainPrefix + bridge }
+
+// Bridge is what the chains of one instance depend on.
+type Bridge struct {
+	// Name is the bridge interface.
+	Name string
+	// Gateway is the host's IPv4 address on the bridge, where the guest's
+	// DNS filter and proxy listen.
+	Gateway netip.Addr
+	// ProxyPort is the TCP port of the HTTP proxy on Gateway.
+	ProxyPort uint16
+}
+
+func (b Bridge) validate() error {
+	if err := validate.Bridge(b.Name); err != nil {
+		return err
+	}
+	if !b.Gateway.Is4() || b.Gateway.IsUnspecified() {
+		return fmt.Errorf("gateway %q is not an IPv4 address", b.Gateway)
+	}
+	if b.ProxyPort == 0 {
+		return errors.New("proxy port 0")
+	}
+	return nil
+}
 
 // jump is a rule in a built-in chain that sends a bridge's traffic to one
 // of our chains.
@@ -101,19 +139,32 @@ func (c chainSpec) rules() []string {
 	return rs
 }
 
-// specs lists the chains tool must have for bridge, in the order Ensure
-// builds them.
-func specs(tool, bridge string) []chainSpec {
-	fwd, out := ChainName(bridge), OutputChainName(bridge)
+// specs lists the chains tool must have for b, in the order Ensure builds
+// them. Remove uses only the names and jumps, which depend on b.Name alone.
+func specs(tool string, b Bridge) []chainSpec {
+	bridge := b.Name
+	fwd, out, in := ChainName(bridge), OutputChainName(bridge), InputChainName(bridge)
 	// The host may send into the bridge only replies (to the guest's DNS,
 	// proxy and ICMP traffic to the gateway, and on SSH connections) and
 	// new SSH connections: the design's one new inbound connection.
-	// IPv6 is dropped everywhere, so ip6tables gets the bare DROP.
-	var outReturns [][]string
+	// The guest may send the host only replies (on those SSH connections)
+	// and what the nwfilter lets it start towards the gateway: DNS over
+	// UDP, new connections to the proxy, ICMP echo requests. Every other
+	// host port, and every other host address, is dropped.
+	// IPv6 is dropped everywhere, so ip6tables gets the bare DROPs.
+	var outReturns, inReturns [][]string
 	if tool == "iptables" {
+		established := []string{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN"}
 		outReturns = [][]string{
-			{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN"},
+			established,
 			{"-p", "tcp", "-m", "tcp", "--dport", "22", "-m", "conntrack", "--ctstate", "NEW", "-j", "RETURN"},
+		}
+		gw := b.Gateway.String() + "/32"
+		inReturns = [][]string{
+			established,
+			{"-d", gw, "-p", "udp", "-m", "udp", "--dport", "53", "-j", "RETURN"},
+			{"-d", gw, "-p", "tcp", "-m", "tcp", "--dport", strconv.Itoa(int(b.ProxyPort)), "-m", "conntrack", "--ctstate", "NEW", "-j", "RETURN"},
+			{"-d", gw, "-p", "icmp", "-m", "icmp", "--icmp-type", "8", "-j", "RETURN"},
 		}
 	}
 	return []chainSpec{
@@ -129,6 +180,13 @@ func specs(tool, bridge string) []chainSpec {
 			returns: outReturns,
 			jumps: []jump{
 				{[]string{"OUTPUT", "-o", bridge, "-j", out}, "OUTPUT jump for traffic from the host to " + bridge},
+			},
+		},
+		{
+			name:    in,
+			returns: inReturns,
+			jumps: []jump{
+				{[]string{"INPUT", "-i", bridge, "-j", in}, "INPUT jump for traffic from " + bridge + " to the host"},
 			},
 		},
 	}
@@ -260,20 +318,21 @@ func (f *Firewall) exists(ctx context.Context, tool string, args ...string) (boo
 // Ensure makes each of the bridge's chains exist and hold exactly its
 // rules, ending in DROP, and be jumped to from the top of the built-in
 // chain: FORWARD for traffic entering and leaving the bridge, OUTPUT for
-// traffic the host itself sends into it. It changes only what is missing
-// or wrong, so it is safe to run on every start and after libvirt restarts
-// a network. A chain is filled before its jumps are added, so there is
-// never a jump into an empty (accepting) chain. First of all it makes sure
-// bridge netfilter is on (see bridgeNFSwitches), and fails if it cannot be.
-func (f *Firewall) Ensure(ctx context.Context, bridge string) error {
-	if err := validate.Bridge(bridge); err != nil {
+// traffic the host itself sends into it, INPUT for traffic from the bridge
+// to the host itself. It changes only what is missing or wrong, so it is
+// safe to run on every start and after libvirt restarts a network. A
+// chain is filled before its jumps are added, so there is never a jump
+// into an empty (accepting) chain. First of all it makes sure bridge
+// netfilter is on (see bridgeNFSwitches), and fails if it cannot be.
+func (f *Firewall) Ensure(ctx context.Context, b Bridge) error {
+	if err := b.validate(); err != nil {
 		return fmt.Errorf("ensuring host firewall: %w", err)
 	}
 	if err := f.ensureBridgeNetfilter(ctx); err != nil {
 		return fmt.Errorf("ensuring host firewall: %w", err)
 	}
 	for _, tool := range f.tools {
-		for _, c := range specs(tool, bridge) {
+		for _, c := range specs(tool, b) {
 			if err := f.ensureChain(ctx, tool, c); err != nil {
 				return fmt.Errorf("ensuring %s chain %s: %w", tool, c.name, err)
 			}
@@ -342,16 +401,16 @@ func (f *Firewall) ensureChain(ctx context.Context, tool string, c chainSpec) er
 	return nil
 }
 
-// Remove deletes the bridge's jumps and chains; whatever is already gone
-// is skipped, so it is safe to repeat and to run after a partial Ensure.
-// Every step is attempted and all errors are reported.
+// Remove deletes the jumps and chains of the bridge named bridge; whatever
+// is already gone is skipped, so it is safe to repeat and to run after a
+// partial Ensure. Every step is attempted and all errors are reported.
 func (f *Firewall) Remove(ctx context.Context, bridge string) error {
 	if err := validate.Bridge(bridge); err != nil {
 		return fmt.Errorf("removing host firewall: %w", err)
 	}
 	var errs []error
 	for _, tool := range f.tools {
-		for _, c := range specs(tool, bridge) {
+		for _, c := range specs(tool, Bridge{Name: bridge}) {
 			errs = append(errs, f.removeChain(ctx, tool, c)...)
 		}
 	}
@@ -408,9 +467,9 @@ func (s Status) Intact() bool { return len(s.Problems) == 0 }
 
 // Check inspects the bridge's firewall without changing it. Problems are
 // reported in Status; the error is for failing to look at all.
-func (f *Firewall) Check(ctx context.Context, bridge string) (Status, error) {
-	st := Status{Bridge: bridge}
-	if err := validate.Bridge(bridge); err != nil {
+func (f *Firewall) Check(ctx context.Context, b Bridge) (Status, error) {
+	st := Status{Bridge: b.Name}
+	if err := b.validate(); err != nil {
 		return st, fmt.Errorf("checking host firewall: %w", err)
 	}
 	off, err := f.bridgeNetfilterOff()
@@ -421,7 +480,7 @@ func (f *Firewall) Check(ctx context.Context, bridge string) (Status, error) {
 		st.Problems = append(st.Problems, o+": the packet filter's IP rules see no guest traffic")
 	}
 	for _, tool := range f.tools {
-		for _, c := range specs(tool, bridge) {
+		for _, c := range specs(tool, b) {
 			rules, ok, err := f.chainRules(ctx, tool, c.name)
 			if err != nil {
 				return st, fmt.Errorf("checking %s chain %s: %w", tool, c.name, err)

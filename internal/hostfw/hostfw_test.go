@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -55,6 +56,7 @@ func newFakeTables() *fakeTables {
 		f.chains[tool] = map[string][]string{
 			"FORWARD": {"-A FORWARD -j LIBVIRT_FWX"},
 			"OUTPUT":  {"-A OUTPUT -j OTHER_OUT"},
+			"INPUT":   {"-A INPUT -j OTHER_IN"},
 		}
 	}
 	return f
@@ -89,7 +91,7 @@ func (f *fakeTables) do(name string, args []string) ([]byte, error) {
 			return nil, exitErr(1)
 		}
 		head := "-N " + chain
-		if chain == "FORWARD" || chain == "OUTPUT" {
+		if builtin(chain) {
 			head = "-P " + chain + " ACCEPT"
 		}
 		return []byte(strings.Join(append([]string{head}, rules...), "\n") + "\n"), nil
@@ -143,13 +145,19 @@ func (f *fakeTables) do(name string, args []string) ([]byte, error) {
 	return nil, nil
 }
 
+func builtin(chain string) bool { return chain == "FORWARD" || chain == "OUTPUT" || chain == "INPUT" }
+
 const br = "abx-ef260e9aa3c"
+
+// bb is the bridge the tests ensure.
+var bb = Bridge{Name: br, Gateway: netip.MustParseAddr("10.10.7.1"), ProxyPort: 3128}
 
 // The chains as iptables -S prints them, spelled out here rather than
 // taken from specs so that a change to the rules shows up in this test.
 var (
 	fwdChain = "ABOX-" + br
 	outChain = "ABOXO-" + br
+	inChain  = "ABOXI-" + br
 	wantFwd  = []string{"-A " + fwdChain + " -j DROP"}
 	wantOut  = map[string][]string{
 		"iptables": {
@@ -159,6 +167,16 @@ var (
 		},
 		"ip6tables": {"-A " + outChain + " -j DROP"},
 	}
+	wantIn = map[string][]string{
+		"iptables": {
+			"-A " + inChain + " -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN",
+			"-A " + inChain + " -d 10.10.7.1/32 -p udp -m udp --dport 53 -j RETURN",
+			"-A " + inChain + " -d 10.10.7.1/32 -p tcp -m tcp --dport 3128 -m conntrack --ctstate NEW -j RETURN",
+			"-A " + inChain + " -d 10.10.7.1/32 -p icmp -m icmp --icmp-type 8 -j RETURN",
+			"-A " + inChain + " -j DROP",
+		},
+		"ip6tables": {"-A " + inChain + " -j DROP"},
+	}
 )
 
 func TestEnsureCheckRemove(t *testing.T) {
@@ -166,17 +184,17 @@ func TestEnsureCheckRemove(t *testing.T) {
 	tables := newFakeTables()
 	fw := testFirewall(t, tables)
 
-	st, err := fw.Check(ctx, br)
+	st, err := fw.Check(ctx, bb)
 	if err != nil || st.Intact() {
 		t.Fatalf("Check before Ensure = %+v, %v; want not intact", st, err)
 	}
-	if len(st.Problems) != 4 {
+	if len(st.Problems) != 6 {
 		t.Errorf("Check before Ensure: %d problems, want one per chain and tool: %q", len(st.Problems), st.Problems)
 	}
 	tables.log = nil
 
-	tables.after = safetyChecker(t, tables)
-	if err := fw.Ensure(ctx, br); err != nil {
+	tables.after = safetyChecker(t, tables, bb)
+	if err := fw.Ensure(ctx, bb); err != nil {
 		t.Fatal(err)
 	}
 	tables.after = nil
@@ -198,14 +216,22 @@ func TestEnsureCheckRemove(t *testing.T) {
 		if got := tables.chains[tool][outChain]; !slices.Equal(got, wantOut[tool]) {
 			t.Errorf("%s chain %s = %q, want %q", tool, outChain, got, wantOut[tool])
 		}
+		in := tables.chains[tool]["INPUT"]
+		want = []string{"-A INPUT -i " + br + " -j " + inChain, "-A INPUT -j OTHER_IN"}
+		if !slices.Equal(in, want) {
+			t.Errorf("%s INPUT = %q, want our jump first: %q", tool, in, want)
+		}
+		if got := tables.chains[tool][inChain]; !slices.Equal(got, wantIn[tool]) {
+			t.Errorf("%s chain %s = %q, want %q", tool, inChain, got, wantIn[tool])
+		}
 	}
-	if st, err := fw.Check(ctx, br); err != nil || !st.Intact() {
+	if st, err := fw.Check(ctx, bb); err != nil || !st.Intact() {
 		t.Fatalf("Check after Ensure = %+v, %v; want intact", st, err)
 	}
 
 	// A second Ensure only looks.
 	tables.log = nil
-	if err := fw.Ensure(ctx, br); err != nil {
+	if err := fw.Ensure(ctx, bb); err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "ensure-again.cmds", strings.Join(tables.log, "\n")+"\n")
@@ -221,7 +247,7 @@ func TestEnsureCheckRemove(t *testing.T) {
 	}
 	golden(t, "remove.cmds", strings.Join(tables.log, "\n")+"\n")
 	for _, tool := range []string{"iptables", "ip6tables"} {
-		for _, c := range []string{fwdChain, outChain} {
+		for _, c := range []string{fwdChain, outChain, inChain} {
 			if _, ok := tables.chains[tool][c]; ok {
 				t.Errorf("%s chain %s still exists", tool, c)
 			}
@@ -231,6 +257,9 @@ func TestEnsureCheckRemove(t *testing.T) {
 		}
 		if out := tables.chains[tool]["OUTPUT"]; !slices.Equal(out, []string{"-A OUTPUT -j OTHER_OUT"}) {
 			t.Errorf("%s OUTPUT after Remove = %q", tool, out)
+		}
+		if in := tables.chains[tool]["INPUT"]; !slices.Equal(in, []string{"-A INPUT -j OTHER_IN"}) {
+			t.Errorf("%s INPUT after Remove = %q", tool, in)
 		}
 	}
 	if err := fw.Remove(ctx, br); err != nil {
@@ -242,20 +271,20 @@ func TestEnsureCheckRemove(t *testing.T) {
 // command leaves one of our chains letting through more than its wanted
 // rules do (everything before its first DROP must be a wanted rule), or
 // adds a jump to a chain that is not complete yet.
-func safetyChecker(t *testing.T, f *fakeTables) func(string, []string) {
+func safetyChecker(t *testing.T, f *fakeTables, b Bridge) func(string, []string) {
 	return func(tool string, args []string) {
 		t.Helper()
 		verb, chain := args[0], args[1]
 		switch {
-		case verb == "-I" && (chain == "FORWARD" || chain == "OUTPUT"):
+		case verb == "-I" && builtin(chain):
 			target := args[len(args)-1]
-			for _, c := range specs(tool, br) {
+			for _, c := range specs(tool, b) {
 				if c.name == target && !slices.Equal(f.chains[tool][target], c.rules()) {
 					t.Errorf("%s %v: jump added to incomplete chain %q", tool, args, f.chains[tool][target])
 				}
 			}
 		case verb == "-I" || verb == "-A" || verb == "-D":
-			for _, c := range specs(tool, br) {
+			for _, c := range specs(tool, b) {
 				if c.name != chain {
 					continue
 				}
@@ -308,38 +337,93 @@ func TestEnsureRepairs(t *testing.T) {
 		{"output: ipv6 accept", func(f *fakeTables) { f.chains["ip6tables"][outChain] = []string{"-A " + outChain + " -j ACCEPT"} }, ""},
 		{"output: chain flushed", func(f *fakeTables) { f.chains["iptables"][outChain] = nil }, ""},
 		{"output: jump deleted", func(f *fakeTables) { f.chains["ip6tables"]["OUTPUT"] = []string{"-A OUTPUT -j OTHER_OUT"} }, ""},
+		{"input: accept inserted at the top", func(f *fakeTables) {
+			f.chains["iptables"][inChain] = slices.Insert(f.chains["iptables"][inChain], 0, "-A "+inChain+" -j ACCEPT")
+		}, ""},
+		{"input: proxy rule for another port, accept after it", func(f *fakeTables) {
+			f.chains["iptables"][inChain] = []string{wantIn["iptables"][0], wantIn["iptables"][1],
+				"-A " + inChain + " -d 10.10.7.1/32 -p tcp -m tcp --dport 8081 -m conntrack --ctstate NEW -j RETURN",
+				wantIn["iptables"][3], "-A " + inChain + " -j ACCEPT"}
+		}, "repair-input-middle.cmds"},
+		{"input: dns rule for any address", func(f *fakeTables) {
+			f.chains["iptables"][inChain][1] = "-A " + inChain + " -p udp -m udp --dport 53 -j RETURN"
+		}, ""},
+		{"input: drop deleted", func(f *fakeTables) {
+			f.chains["iptables"][inChain] = wantIn["iptables"][:4]
+		}, ""},
+		{"input: ipv6 accept", func(f *fakeTables) { f.chains["ip6tables"][inChain] = []string{"-A " + inChain + " -j ACCEPT"} }, ""},
+		{"input: chain flushed", func(f *fakeTables) { f.chains["iptables"][inChain] = nil }, ""},
+		{"input: jump deleted", func(f *fakeTables) { f.chains["iptables"]["INPUT"] = []string{"-A INPUT -j OTHER_IN"} }, ""},
 		{"everything deleted", func(f *fakeTables) { *f = *newFakeTables() }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tables := newFakeTables()
 			fw := testFirewall(t, tables)
-			if err := fw.Ensure(ctx, br); err != nil {
+			if err := fw.Ensure(ctx, bb); err != nil {
 				t.Fatal(err)
 			}
 			tt.tamper(tables)
-			st, err := fw.Check(ctx, br)
+			st, err := fw.Check(ctx, bb)
 			if err != nil || st.Intact() {
 				t.Fatalf("Check after tampering = %+v, %v; want problems", st, err)
 			}
 			tables.log = nil
-			tables.after = safetyChecker(t, tables)
-			if err := fw.Ensure(ctx, br); err != nil {
+			tables.after = safetyChecker(t, tables, bb)
+			if err := fw.Ensure(ctx, bb); err != nil {
 				t.Fatal(err)
 			}
 			tables.after = nil
 			if tt.golden != "" {
 				golden(t, tt.golden, strings.Join(tables.log, "\n")+"\n")
 			}
-			if st, err := fw.Check(ctx, br); err != nil || !st.Intact() {
+			if st, err := fw.Check(ctx, bb); err != nil || !st.Intact() {
 				t.Fatalf("Check after repair = %+v, %v", st, err)
 			}
 			for _, tool := range []string{"iptables", "ip6tables"} {
 				if got := tables.chains[tool][outChain]; !slices.Equal(got, wantOut[tool]) {
 					t.Errorf("%s chain %s after repair = %q, want %q", tool, outChain, got, wantOut[tool])
 				}
+				if got := tables.chains[tool][inChain]; !slices.Equal(got, wantIn[tool]) {
+					t.Errorf("%s chain %s after repair = %q, want %q", tool, inChain, got, wantIn[tool])
+				}
 			}
 		})
+	}
+}
+
+// TestEnsureFollowsProxyPortAndGateway: the input chain is written for one
+// gateway and proxy port; Check against others must report it, and Ensure
+// for them must rewrite the chain so that the old port is closed.
+func TestEnsureFollowsProxyPortAndGateway(t *testing.T) {
+	ctx := context.Background()
+	tables := newFakeTables()
+	fw := testFirewall(t, tables)
+	if err := fw.Ensure(ctx, bb); err != nil {
+		t.Fatal(err)
+	}
+	moved := Bridge{Name: br, Gateway: netip.MustParseAddr("10.10.9.1"), ProxyPort: 8888}
+	st, err := fw.Check(ctx, moved)
+	if err != nil || len(st.Problems) != 1 || !strings.HasPrefix(st.Problems[0], "iptables: chain "+inChain+" holds") {
+		t.Fatalf("Check for another gateway and port = %q, %v; want the input chain reported", st.Problems, err)
+	}
+	tables.after = safetyChecker(t, tables, moved)
+	if err := fw.Ensure(ctx, moved); err != nil {
+		t.Fatal(err)
+	}
+	tables.after = nil
+	want := []string{
+		wantIn["iptables"][0],
+		"-A " + inChain + " -d 10.10.9.1/32 -p udp -m udp --dport 53 -j RETURN",
+		"-A " + inChain + " -d 10.10.9.1/32 -p tcp -m tcp --dport 8888 -m conntrack --ctstate NEW -j RETURN",
+		"-A " + inChain + " -d 10.10.9.1/32 -p icmp -m icmp --icmp-type 8 -j RETURN",
+		"-A " + inChain + " -j DROP",
+	}
+	if got := tables.chains["iptables"][inChain]; !slices.Equal(got, want) {
+		t.Errorf("input chain after Ensure for the new port = %q, want %q", got, want)
+	}
+	if st, err := fw.Check(ctx, bb); err != nil || st.Intact() {
+		t.Errorf("Check for the old port after the move = %+v, %v; want not intact", st, err)
 	}
 }
 
@@ -349,7 +433,7 @@ func TestCheckReportsEveryProblem(t *testing.T) {
 	ctx := context.Background()
 	tables := newFakeTables()
 	fw := testFirewall(t, tables)
-	if err := fw.Ensure(ctx, br); err != nil {
+	if err := fw.Ensure(ctx, bb); err != nil {
 		t.Fatal(err)
 	}
 	tables.chains["iptables"][outChain] = wantOut["iptables"][1:]
@@ -357,7 +441,9 @@ func TestCheckReportsEveryProblem(t *testing.T) {
 	tables.chains["iptables"]["FORWARD"] = tables.chains["iptables"]["FORWARD"][1:] // the -o jump
 	tables.chains["ip6tables"]["OUTPUT"] = []string{"-A OUTPUT -j OTHER_OUT"}
 	delete(tables.chains["ip6tables"], outChain)
-	st, err := fw.Check(ctx, br)
+	tables.chains["iptables"][inChain] = slices.Insert(wantIn["iptables"][:4:4], 1, "-A "+inChain+" -j ACCEPT")
+	tables.chains["ip6tables"]["INPUT"] = []string{"-A INPUT -j OTHER_IN"}
+	st, err := fw.Check(ctx, bb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +451,9 @@ func TestCheckReportsEveryProblem(t *testing.T) {
 		"iptables: FORWARD jump for traffic to " + br + " missing",
 		"iptables: chain " + outChain + " holds",
 		"iptables: OUTPUT jump for traffic from the host to " + br + " missing",
+		"iptables: chain " + inChain + " holds",
 		"ip6tables: chain " + outChain + " missing",
+		"ip6tables: INPUT jump for traffic from " + br + " to the host missing",
 	}
 	if len(st.Problems) != len(want) {
 		t.Fatalf("problems = %q, want %d", st.Problems, len(want))
@@ -383,7 +471,7 @@ func TestRemoveAttemptsEverything(t *testing.T) {
 	ctx := context.Background()
 	tables := newFakeTables()
 	fw := testFirewall(t, tables)
-	if err := fw.Ensure(ctx, br); err != nil {
+	if err := fw.Ensure(ctx, bb); err != nil {
 		t.Fatal(err)
 	}
 	tables.fail = "iptables -w 10 -t mangle -D FORWARD"
@@ -391,10 +479,12 @@ func TestRemoveAttemptsEverything(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "FORWARD jump") {
 		t.Fatalf("Remove = %v, want the failed FORWARD jump reported", err)
 	}
-	if _, ok := tables.chains["iptables"][outChain]; ok {
-		t.Errorf("iptables %s kept although only a FORWARD step failed", outChain)
+	for _, c := range []string{outChain, inChain} {
+		if _, ok := tables.chains["iptables"][c]; ok {
+			t.Errorf("iptables %s kept although only a FORWARD step failed", c)
+		}
 	}
-	for _, c := range []string{fwdChain, outChain} {
+	for _, c := range []string{fwdChain, outChain, inChain} {
 		if _, ok := tables.chains["ip6tables"][c]; ok {
 			t.Errorf("ip6tables %s kept although only an iptables step failed", c)
 		}
@@ -417,10 +507,10 @@ func TestErrorsAreNotAbsence(t *testing.T) {
 	tables := newFakeTables()
 	tables.fail = "iptables -w 10 -t mangle -S"
 	fw := testFirewall(t, tables)
-	if err := fw.Ensure(ctx, br); err == nil {
+	if err := fw.Ensure(ctx, bb); err == nil {
 		t.Error("Ensure succeeded although iptables failed")
 	}
-	if _, err := fw.Check(ctx, br); err == nil {
+	if _, err := fw.Check(ctx, bb); err == nil {
 		t.Error("Check succeeded although iptables failed")
 	}
 	if err := fw.Remove(ctx, br); err == nil {
@@ -429,16 +519,36 @@ func TestErrorsAreNotAbsence(t *testing.T) {
 }
 
 func TestBadBridgeRefused(t *testing.T) {
-	fw := testFirewall(t, newFakeTables())
-	for _, b := range []string{"", "-j ACCEPT", "abx-0123456789abcdef", "br;x"} {
+	tables := newFakeTables()
+	fw := testFirewall(t, tables)
+	var bad []Bridge
+	for _, name := range []string{"", "-j ACCEPT", "abx-0123456789abcdef", "br;x"} {
+		bad = append(bad, Bridge{Name: name, Gateway: bb.Gateway, ProxyPort: bb.ProxyPort})
+	}
+	bad = append(bad,
+		Bridge{Name: br, ProxyPort: 3128}, // no gateway
+		Bridge{Name: br, Gateway: netip.MustParseAddr("0.0.0.0"), ProxyPort: 3128},
+		Bridge{Name: br, Gateway: netip.MustParseAddr("fd00::1"), ProxyPort: 3128},
+		Bridge{Name: br, Gateway: bb.Gateway}, // no proxy port
+	)
+	for _, b := range bad {
 		if err := fw.Ensure(context.Background(), b); err == nil {
-			t.Errorf("Ensure(%q) accepted", b)
+			t.Errorf("Ensure(%+v) accepted", b)
 		}
+		if _, err := fw.Check(context.Background(), b); err == nil {
+			t.Errorf("Check(%+v) accepted", b)
+		}
+	}
+	if err := fw.Remove(context.Background(), "-j ACCEPT"); err == nil {
+		t.Error("Remove of a bad bridge name accepted")
+	}
+	if len(tables.log) != 0 {
+		t.Errorf("bad bridges reached iptables: %q", tables.log)
 	}
 }
 
 func TestChainNameFits(t *testing.T) {
-	for _, name := range []string{ChainName("abx-0123456789a"), OutputChainName("abx-0123456789a")} {
+	for _, name := range []string{ChainName("abx-0123456789a"), OutputChainName("abx-0123456789a"), InputChainName("abx-0123456789a")} {
 		if n := len(name); n > 28 {
 			t.Errorf("chain name %s is %d chars, iptables allows 28", name, n)
 		}
@@ -508,7 +618,7 @@ func TestEnsureRequiresBridgeNetfilter(t *testing.T) {
 		m := &modprobeRunner{Runner: newFakeTables()}
 		fw := New(m)
 		fw.bridgeNF = bridgeNFDir(t, "1", "1")
-		if err := fw.Ensure(ctx, br); err != nil {
+		if err := fw.Ensure(ctx, bb); err != nil {
 			t.Fatal(err)
 		}
 		if len(m.calls) != 0 {
@@ -520,16 +630,16 @@ func TestEnsureRequiresBridgeNetfilter(t *testing.T) {
 		m := &modprobeRunner{Runner: tables, dir: filepath.Join(t.TempDir(), "bridge")}
 		fw := New(m)
 		fw.bridgeNF = m.dir
-		if st, err := fw.Check(ctx, br); err != nil || !strings.Contains(strings.Join(st.Problems, "\n"), "br_netfilter not loaded") {
+		if st, err := fw.Check(ctx, bb); err != nil || !strings.Contains(strings.Join(st.Problems, "\n"), "br_netfilter not loaded") {
 			t.Errorf("Check = %q, %v; want the missing module reported", st.Problems, err)
 		}
-		if err := fw.Ensure(ctx, br); err != nil {
+		if err := fw.Ensure(ctx, bb); err != nil {
 			t.Fatal(err)
 		}
 		if !slices.Equal(m.calls, []string{"modprobe br_netfilter"}) {
 			t.Errorf("modprobe calls = %q, want one modprobe br_netfilter", m.calls)
 		}
-		if st, err := fw.Check(ctx, br); err != nil || !st.Intact() {
+		if st, err := fw.Check(ctx, bb); err != nil || !st.Intact() {
 			t.Errorf("Check after Ensure = %q, %v; want intact", st.Problems, err)
 		}
 	})
@@ -551,7 +661,7 @@ func TestEnsureRequiresBridgeNetfilter(t *testing.T) {
 			if !tt.noModule {
 				fw.bridgeNF = bridgeNFDir(t, tt.v4, tt.v6)
 			}
-			err := fw.Ensure(ctx, br)
+			err := fw.Ensure(ctx, bb)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Ensure = %v, want an error containing %q", err, tt.want)
 			}
@@ -561,7 +671,7 @@ func TestEnsureRequiresBridgeNetfilter(t *testing.T) {
 			if !tt.noModule && len(m.calls) != 0 {
 				t.Errorf("modprobe ran although the module is loaded: %q", m.calls)
 			}
-			if st, err := fw.Check(ctx, br); err != nil || st.Intact() {
+			if st, err := fw.Check(ctx, bb); err != nil || st.Intact() {
 				t.Errorf("Check = %+v, %v; want not intact", st, err)
 			}
 		})

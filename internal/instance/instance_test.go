@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/abox-dev/abox/internal/hostfw"
 	"github.com/abox-dev/abox/internal/image"
 	"github.com/abox-dev/abox/internal/libvirt"
 	"github.com/abox-dev/abox/internal/paths"
@@ -186,16 +187,21 @@ func (h *fakeHV) callList() []string {
 type fakeFW struct {
 	mu     sync.Mutex
 	chains map[string]bool
+	last   hostfw.Bridge // what the last Ensure got
 	fail   bool
 }
 
-func (f *fakeFW) Ensure(ctx context.Context, br string) error {
+func (f *fakeFW) Ensure(ctx context.Context, b hostfw.Bridge) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.fail {
 		return errors.New("iptables: injected failure")
 	}
-	f.chains[br] = true
+	if !b.Gateway.Is4() || b.ProxyPort == 0 {
+		return fmt.Errorf("fake firewall: incomplete bridge %+v", b)
+	}
+	f.chains[b.Name] = true
+	f.last = b
 	return nil
 }
 func (f *fakeFW) Remove(ctx context.Context, br string) error {
@@ -444,6 +450,11 @@ func TestStartOrderAndRollback(t *testing.T) {
 	}
 	if !r.fw.chains[st.Bridge] || r.d.PID("dev") == 0 {
 		t.Errorf("chain %v, daemon %d", r.fw.chains[st.Bridge], r.d.PID("dev"))
+	}
+	// The host INPUT chain admits the guest's proxy connections only on
+	// the instance's own gateway and proxy port.
+	if want := (hostfw.Bridge{Name: st.Bridge, Gateway: st.Gateway, ProxyPort: st.ProxyPort}); r.fw.last != want || want.ProxyPort == 0 {
+		t.Errorf("firewall ensured for %+v, want %+v", r.fw.last, want)
 	}
 	if err := r.m.Start(ctx, "dev"); err == nil || !strings.Contains(err.Error(), "already running") {
 		t.Errorf("second start = %v", err)

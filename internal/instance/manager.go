@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/abox-dev/abox/internal/hostfw"
 	"github.com/abox-dev/abox/internal/image"
 	"github.com/abox-dev/abox/internal/libvirt"
 	"github.com/abox-dev/abox/internal/paths"
@@ -31,10 +32,18 @@ type Hypervisor interface {
 	State(ctx context.Context, name string) (libvirt.DomainState, error)
 }
 
-// Firewall owns the per-bridge host FORWARD default-deny chain.
+// Firewall owns the per-bridge host firewall chains (FORWARD default-deny,
+// and what the host and the guest may send each other).
 type Firewall interface {
-	Ensure(ctx context.Context, bridge string) error
+	Ensure(ctx context.Context, b hostfw.Bridge) error
 	Remove(ctx context.Context, bridge string) error
+}
+
+// firewallBridge is what the host firewall of st's bridge depends on: the
+// guest may reach the gateway's DNS filter and proxy and nothing else on
+// the host.
+func firewallBridge(st State) hostfw.Bridge {
+	return hostfw.Bridge{Name: st.Bridge, Gateway: st.Gateway, ProxyPort: st.ProxyPort}
 }
 
 // Runner runs host programs (qemu-img, genisoimage, ip).
