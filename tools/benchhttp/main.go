@@ -30,6 +30,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -158,7 +159,7 @@ func run() error {
 
 func (e *env) rps(tlsPort string) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "scenario\tconn\tdirect req/s\tproxy req/s\tratio\tdirect p50\tdirect p99\tproxy p50\tproxy p99\tgoal\t\n")
+	fmt.Fprintf(tw, "scenario\tconn\tdirect req/s\tproxy req/s\tratio\tdirect p50\tdirect p99\tproxy p50\tproxy p99\tproxy CPU/req\tgoal\t\n")
 	httpURL := "http://plain.bench:" + portOf(e.httpOrigin.URL) + "/"
 	for _, keep := range []bool{true, false} {
 		conn := "keep-alive"
@@ -211,7 +212,14 @@ func (e *env) alternate(direct, proxied func() result) (result, result) {
 	return median(ds), median(ps)
 }
 
+// median returns the run with the median rate, with the median CPU cost of
+// all runs (the two medians need not come from the same run).
 func median(rs []result) result {
+	cpus := make([]float64, len(rs))
+	for i, r := range rs {
+		cpus[i] = r.cpu
+	}
+	slices.Sort(cpus)
 	slices.SortFunc(rs, func(a, b result) int {
 		switch {
 		case a.rps < b.rps:
@@ -221,24 +229,26 @@ func median(rs []result) result {
 		}
 		return 0
 	})
-	return rs[len(rs)/2]
+	m := rs[len(rs)/2]
+	m.cpu = cpus[len(cpus)/2]
+	return m
 }
 
 func (e *env) mbps(tlsPort string) {
 	o := e.o
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "large body (%d MiB)\tdirect MB/s\tproxy MB/s\tratio\tgoal\t\n", o.bigSize>>20)
+	fmt.Fprintf(tw, "large body (%d MiB)\tdirect MB/s\tproxy MB/s\tratio\tproxy CPU ms/GB\tgoal\t\n", o.bigSize>>20)
 	big := "/big?n=" + strconv.FormatInt(o.bigSize, 10)
 	plain := "http://plain.bench:" + portOf(e.httpOrigin.URL) + big
 	tput := func(keep, via bool, roots *x509.CertPool, u string) func() result {
-		return func() result { return result{rps: e.throughput(e.client(keep, via, roots), u)} }
+		return func() result { return e.throughput(e.client(keep, via, roots), u) }
 	}
 	d, p := e.alternate(tput(true, false, nil, plain), tput(true, true, nil, plain))
-	fmt.Fprintf(tw, "plain HTTP\t%.0f\t%.0f\t%.2f\t\t\n", d.rps, p.rps, p.rps/d.rps)
+	fmt.Fprintf(tw, "plain HTTP\t%.0f\t%.0f\t%.2f\t%.0f\t\t\n", d.rps, p.rps, p.rps/d.rps, (p.cpu-d.cpu)*1e6)
 	d, p = e.alternate(tput(true, false, e.origRoots, "https://mitm.bench:"+tlsPort+big), tput(true, true, e.origRoots, "https://tunnel.bench:"+tlsPort+big))
-	fmt.Fprintf(tw, "CONNECT tunnel\t%.0f\t%.0f\t%.2f\t%s\t\n", d.rps, p.rps, p.rps/d.rps, goal(p.rps/d.rps, 0.9))
+	fmt.Fprintf(tw, "CONNECT tunnel\t%.0f\t%.0f\t%.2f\t%.0f\t%s\t\n", d.rps, p.rps, p.rps/d.rps, (p.cpu-d.cpu)*1e6, goal(p.rps/d.rps, 0.9))
 	d, p = e.alternate(tput(true, false, e.origRoots, "https://mitm.bench:"+tlsPort+big), tput(true, true, e.proxyRoots, "https://mitm.bench:"+tlsPort+big))
-	fmt.Fprintf(tw, "intercepted HTTPS\t%.0f\t%.0f\t%.2f\t%s\t\n", d.rps, p.rps, p.rps/d.rps, goal(p.rps/d.rps, 0.5))
+	fmt.Fprintf(tw, "intercepted HTTPS\t%.0f\t%.0f\t%.2f\t%.0f\t%s\t\n", d.rps, p.rps, p.rps/d.rps, (p.cpu-d.cpu)*1e6, goal(p.rps/d.rps, 0.5))
 	tw.Flush()
 	fmt.Println()
 }
@@ -256,8 +266,9 @@ func goal(r, want float64) string {
 }
 
 func row(tw io.Writer, name, conn string, d, p result, want float64) {
-	fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%.2f\t%v\t%v\t%v\t%v\t%s\t\n", name, conn, d.rps, p.rps, p.rps/d.rps,
-		d.p50.Round(time.Microsecond), d.p99.Round(time.Microsecond), p.p50.Round(time.Microsecond), p.p99.Round(time.Microsecond), goal(p.rps/d.rps, want))
+	fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%.2f\t%v\t%v\t%v\t%v\t%.1fµs\t%s\t\n", name, conn, d.rps, p.rps, p.rps/d.rps,
+		d.p50.Round(time.Microsecond), d.p99.Round(time.Microsecond), p.p50.Round(time.Microsecond), p.p99.Round(time.Microsecond),
+		(p.cpu-d.cpu)*1e6, goal(p.rps/d.rps, want))
 }
 
 func portOf(u string) string {
@@ -384,6 +395,7 @@ func (e *env) client(keepAlive, viaProxy bool, roots *x509.CertPool) *http.Clien
 
 type result struct {
 	rps      float64
+	cpu      float64 // CPU time of the whole process per request (per MB for throughput), seconds
 	p50, p99 time.Duration
 }
 
@@ -407,6 +419,7 @@ func (e *env) measure(c *http.Client, u string) result {
 		count atomic.Int64
 	)
 	deadline := time.Now().Add(e.o.duration)
+	cpu0 := cpuTime()
 	start := time.Now()
 	for i := 0; i < e.o.clients; i++ {
 		wg.Add(1)
@@ -430,7 +443,7 @@ func (e *env) measure(c *http.Client, u string) result {
 	wg.Wait()
 	el := time.Since(start)
 	slices.Sort(lat)
-	r := result{rps: float64(count.Load()) / el.Seconds()}
+	r := result{rps: float64(count.Load()) / el.Seconds(), cpu: (cpuTime() - cpu0).Seconds() / float64(count.Load())}
 	if len(lat) > 0 {
 		r.p50 = lat[len(lat)/2]
 		r.p99 = lat[len(lat)*99/100]
@@ -451,17 +464,29 @@ func get(c *http.Client, u string) error {
 	return err
 }
 
-func (e *env) throughput(c *http.Client, u string) float64 {
+func (e *env) throughput(c *http.Client, u string) result {
 	defer c.CloseIdleConnections()
+	cpu0 := cpuTime()
 	start := time.Now()
 	resp, err := c.Get(u)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "benchhttp: %v\n", err)
-		return 0
+		return result{}
 	}
 	n, _ := io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return float64(n) / time.Since(start).Seconds() / 1e6
+	mb := float64(n) / 1e6
+	return result{rps: mb / time.Since(start).Seconds(), cpu: (cpuTime() - cpu0).Seconds() / mb}
+}
+
+// cpuTime is the CPU time (user and system) the process has used. Client
+// and origins do the same work per request on both paths, so the proxied
+// run's CPU per request minus the direct run's is what the proxy costs: a
+// figure a busy machine disturbs much less than requests/s.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(syscall.TimevalToNsec(ru.Utime) + syscall.TimevalToNsec(ru.Stime))
 }
 
 // tunnelMemory opens n TLS connections to the origin directly, then n
