@@ -159,6 +159,9 @@ func TestVM(t *testing.T) {
 				errs <- err
 				return
 			}
+			// cloud-init may still be configuring the guest; its exit
+			// status says "degraded" for harmless warnings, so only wait.
+			s.guest(n, "cloud-init status --wait >/dev/null 2>&1; true")
 			mu.Lock()
 			ready[n] = time.Since(st)
 			mu.Unlock()

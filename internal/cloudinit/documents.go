@@ -19,7 +19,6 @@ type metaData struct {
 type userData struct {
 	Users       []any      `yaml:"users"`
 	DisableRoot bool       `yaml:"disable_root"`
-	SSHPwauth   bool       `yaml:"ssh_pwauth"`
 	CACerts     caCerts    `yaml:"ca_certs"`
 	WriteFiles  []fileSpec `yaml:"write_files"`
 	// SSHKeys installs the host key generated at create, whose public half
@@ -140,6 +139,14 @@ func NetworkConfig(c Config) ([]byte, error) {
 	return b, nil
 }
 
+// sshdConfig makes the guest's sshd take keys only (abox ssh pins the host
+// key and refuses forwarding on its side).
+const sshdConfig = `# Written by abox.
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin no
+`
+
 // The CA bundle Debian and Ubuntu build from /usr/local/share/ca-certificates
 // and cloud-init's ca_certs; tools that do not read the system store by
 // default are pointed at it.
@@ -196,10 +203,14 @@ func UserData(c Config) ([]byte, error) {
 			},
 		},
 		DisableRoot:  true,
-		SSHPwauth:    false,
 		SSHDeleteKey: true,
 		CACerts:      caCerts{Trusted: []string{strings.TrimSpace(c.CACertPEM) + "\n"}},
 		WriteFiles: []fileSpec{
+			// sshd reads this before it first starts (write_files runs in
+			// cloud-init's init stage). Setting ssh_pwauth instead would make
+			// cloud-init restart sshd in a later stage, refusing connections
+			// just after the guest first answered.
+			{Path: "/etc/ssh/sshd_config.d/10-abox.conf", Owner: "root:root", Permissions: "0644", Content: sshdConfig},
 			{Path: "/etc/profile.d/abox-proxy.sh", Owner: "root:root", Permissions: "0644", Content: profile.String()},
 			// Appended: images may already set PATH or locale here.
 			{Path: "/etc/environment", Owner: "root:root", Permissions: "0644", Append: true, Content: environment.String()},

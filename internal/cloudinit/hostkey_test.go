@@ -35,3 +35,24 @@ func TestHostKeyPinned(t *testing.T) {
 		t.Error("a public host key without its private half was accepted")
 	}
 }
+
+// TestSSHDConfiguredBeforeFirstStart: password logins are turned off by a
+// file sshd reads when it first starts, not by ssh_pwauth, which makes
+// cloud-init restart sshd later and refuse connections just after the guest
+// first answered.
+func TestSSHDConfiguredBeforeFirstStart(t *testing.T) {
+	b, err := UserData(testConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := doc["ssh_pwauth"]; ok {
+		t.Error("user-data sets ssh_pwauth: cloud-init would restart sshd after boot")
+	}
+	if !strings.Contains(string(b), "/etc/ssh/sshd_config.d/10-abox.conf") || !strings.Contains(string(b), "PasswordAuthentication no") {
+		t.Errorf("no sshd drop-in turning passwords off:\n%s", b)
+	}
+}

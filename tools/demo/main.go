@@ -102,6 +102,7 @@ func run(ctx context.Context, keep bool) error {
 		fmt.Print(".")
 		time.Sleep(5 * time.Second)
 	}
+	l.Abox(ctx, "ssh", "demo", "--", "cloud-init status --wait >/dev/null 2>&1; true")
 	fmt.Printf("\n   ssh ready %s after start\n", time.Since(t0).Round(time.Second))
 
 	guest := func(what, command string) {
