@@ -18,6 +18,7 @@ set -eu
 #   genisoimage                       NoCloud seed ISOs (cidata)
 #   debootstrap e2fsprogs             `abox base build debian-12` (mke2fs -d)
 #   tcpdump                           `abox tap` and e2e assertions
+#   tshark dnsutils                   decrypting captures with the TLS key log (tests); dig for the DNS demo
 #   iproute2 util-linux procps        ip netns, unshare, pkill-free process inspection in e2e
 #   openssh-client                    `abox ssh` and e2e probes into the guest
 #   ca-certificates curl              pulling images and test clients
@@ -33,6 +34,8 @@ genisoimage
 debootstrap
 e2fsprogs
 tcpdump
+tshark
+dnsutils
 iproute2
 util-linux
 procps
