@@ -198,7 +198,7 @@ func runHTTPServe(ctx context.Context, e *env, o *httpServeOptions) error {
 		MITMExceptions: o.exceptions,
 		UpstreamRoots:  roots,
 		KeyLogPath:     l.KeyLog(o.name),
-		DecisionLog:    log,
+		Decisions:      logs.decisions,
 		Logger:         log,
 		MaxConns:       o.maxConns,
 		IdleTimeout:    o.idleTimeout,

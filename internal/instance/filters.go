@@ -47,7 +47,8 @@ func RunFilters(ctx context.Context, l paths.Layout, name string, diag io.Writer
 	dnsDecisions := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{dnsLogFile, dnsRing}})
 	defer dnsDecisions.Close()
 	dnsLog := slog.New(slog.NewJSONHandler(dnsDecisions, nil))
-	httpLog := slog.New(slog.NewJSONHandler(io.MultiWriter(httpLogFile, httpRing), nil))
+	httpDecisions := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{httpLogFile, httpRing}})
+	defer httpDecisions.Close()
 
 	pol, err := policy.New(policy.Config{AllowlistPath: f.Allowlist, Logger: log})
 	if err != nil {
@@ -102,7 +103,7 @@ func RunFilters(ctx context.Context, l paths.Layout, name string, diag io.Writer
 		UpstreamRoots: roots,
 		Listener:      hl, Policy: pol, Resolver: up, Addresses: addrs, Ports: st.Ports,
 		CA: authority, NoMITM: st.NoMITM, MITMExceptions: st.MITMExceptions,
-		KeyLogPath: f.KeyLog, DecisionLog: httpLog, Logger: log,
+		KeyLogPath: f.KeyLog, Decisions: httpDecisions, Logger: log,
 	})
 	if err != nil {
 		hl.Close()

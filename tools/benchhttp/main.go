@@ -99,7 +99,7 @@ func run() error {
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds alternating direct and proxied runs; the table shows each path's median")
 	flag.Int64Var(&o.bigSize, "big", 512<<20, "bytes of the large-body transfer")
 	flag.IntVar(&o.tunnels, "tunnels", 1000, "open tunnels for the memory figure")
-	flag.StringVar(&o.logMode, "log", "file", "decision log of the proxy: file (a JSON line per request to a temp file through log/slog, as `abox http serve --log-file`), line (the same lines through decisionlog's encoder, Config.Decisions) or none")
+	flag.StringVar(&o.logMode, "log", "line", "decision log of the proxy: line (a JSON line per request to a temp file through decisionlog's encoder, as abox http serve and the instance daemon write it), file (the same lines through log/slog) or none")
 	flag.StringVar(&o.only, "only", "", "run only this part: rps, mbps or memory")
 	flag.StringVar(&o.match, "match", "", "run only the rps rows whose scenario and conn contain this (\"plain HTTP keep-alive\"), e.g. to profile one")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to FILE")
