@@ -129,9 +129,14 @@ func newStopCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
+	addStopFlags(cmd, &o)
+	return cmd
+}
+
+// addStopFlags gives stop and restart the same shutdown options.
+func addStopFlags(cmd *cobra.Command, o *instance.StopOptions) {
 	cmd.Flags().BoolVar(&o.Force, "force", false, "power off at once instead of an ACPI shutdown")
 	cmd.Flags().DurationVar(&o.Timeout, "timeout", 2*time.Minute, "how long to wait for the guest to shut down")
-	return cmd
 }
 
 func newRestartCmd(e *env) *cobra.Command {
@@ -156,8 +161,7 @@ func newRestartCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&o.Force, "force", false, "power off at once instead of an ACPI shutdown")
-	cmd.Flags().DurationVar(&o.Timeout, "timeout", 2*time.Minute, "how long to wait for the guest to shut down")
+	addStopFlags(cmd, &o)
 	return cmd
 }
 
