@@ -1,6 +1,7 @@
 // Package upstream is the filters' DNS client: it sends queries the filters
-// built themselves to the configured resolvers, with a per-try timeout,
-// TCP retry on truncation and failover in order.
+// built themselves to the configured resolvers, retransmitting lost UDP
+// datagrams with backoff inside a per-server timeout, with TCP retry on
+// truncation and failover in order.
 package upstream
 
 import (
@@ -18,6 +19,16 @@ import (
 // Defaults for Config fields left zero.
 const (
 	DefaultTimeout = 2 * time.Second
+	// DefaultRetryInterval is the wait before the first retransmission of
+	// an unanswered UDP query; each further wait doubles up to
+	// maxRetryWait. With DefaultTimeout that is five sends (0, 0.15, 0.45,
+	// 1.05, 1.65 s): the shape of every stub resolver's retry (glibc, Go's,
+	// systemd-resolved), but starting sooner, because one lost datagram
+	// must not cost seconds.
+	DefaultRetryInterval = 150 * time.Millisecond
+	// maxRetryWait caps the backoff so a long timeout still means many
+	// tries, at most a few datagrams a second per query.
+	maxRetryWait = 600 * time.Millisecond
 	// DefaultUDPSize is the EDNS0 buffer size we advertise upstream: the
 	// DNS Flag Day 2020 value, small enough to avoid IP fragmentation.
 	DefaultUDPSize = 1232
@@ -35,6 +46,9 @@ type Config struct {
 	// Timeout bounds one try against one server (UDP plus any TCP retry);
 	// 0 means DefaultTimeout.
 	Timeout time.Duration
+	// RetryInterval is the wait before the first UDP retransmission to
+	// one server, doubling after each; 0 means DefaultRetryInterval.
+	RetryInterval time.Duration
 	// UDPSize is the EDNS0 buffer size LookupNetIP advertises; 0 means DefaultUDPSize.
 	UDPSize uint16
 }
@@ -44,6 +58,7 @@ type Client struct {
 	// servers is non-empty, each entry a host:port.
 	servers []string
 	timeout time.Duration
+	retry   time.Duration // > 0
 	udpSize uint16
 	tcp     *dns.Client
 }
@@ -67,9 +82,12 @@ func New(cfg Config) (*Client, error) {
 		}
 		norm = append(norm, a)
 	}
-	c := &Client{servers: norm, timeout: cfg.Timeout, udpSize: cfg.UDPSize}
+	c := &Client{servers: norm, timeout: cfg.Timeout, retry: cfg.RetryInterval, udpSize: cfg.UDPSize}
 	if c.timeout <= 0 {
 		c.timeout = DefaultTimeout
+	}
+	if c.retry <= 0 {
+		c.retry = DefaultRetryInterval
 	}
 	if c.udpSize == 0 {
 		c.udpSize = DefaultUDPSize
@@ -171,9 +189,14 @@ func (c *Client) try(ctx context.Context, m *dns.Msg, srv string) (*dns.Msg, tim
 }
 
 // udpExchange sends q over a fresh connected UDP socket (a random source
-// port per query) and reads the answer into a full-size buffer: a server
-// that answers above the size we advertised is read whole, not cut short.
-// Datagrams with another ID are ignored, as stale answers may arrive.
+// port per query, so an off-path spoofer must guess port and ID) and
+// retransmits the same datagram on it after c.retry, doubling the wait each
+// time up to maxRetryWait, until an answer arrives or ctx ends: a lost query or answer costs a
+// retry interval, not the whole timeout. An answer to any of the sends is
+// accepted. The answer is read into a full-size buffer, so a server that
+// answers above the size we advertised is read whole, not cut short.
+// Datagrams with another ID or question are ignored, as stale or spoofed
+// answers may arrive.
 func (c *Client) udpExchange(ctx context.Context, q *dns.Msg, srv string) (*dns.Msg, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "udp", srv)
@@ -181,33 +204,56 @@ func (c *Client) udpExchange(ctx context.Context, q *dns.Msg, srv string) (*dns.
 		return nil, err
 	}
 	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(dl)
-	}
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
 	b, err := q.Pack()
 	if err != nil {
 		return nil, err
 	}
-	if _, err := conn.Write(b); err != nil {
-		return nil, err
-	}
 	buf := make([]byte, dns.MaxMsgSize)
+	wait := c.retry
+	for {
+		if _, err := conn.Write(b); err != nil {
+			return nil, err
+		}
+		resend := time.Now().Add(wait)
+		if dl, ok := ctx.Deadline(); ok && dl.Before(resend) {
+			resend = dl
+		}
+		conn.SetReadDeadline(resend)
+		r, err := readAnswer(conn, buf, q)
+		if err == nil {
+			return r, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			return nil, err
+		}
+		wait = min(2*wait, maxRetryWait)
+	}
+}
+
+// readAnswer reads datagrams until one answers q (same ID and question) or
+// the read deadline passes. A datagram that does not parse or answers
+// another question is skipped, never taken as the answer.
+func readAnswer(conn net.Conn, buf []byte, q *dns.Msg) (*dns.Msg, error) {
 	for {
 		n, err := conn.Read(buf)
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
 			return nil, err
 		}
-		if n < 12 || buf[0] != b[0] || buf[1] != b[1] {
+		if n < 12 || buf[0] != byte(q.Id>>8) || buf[1] != byte(q.Id) {
 			continue
 		}
 		r := new(dns.Msg)
 		if err := r.Unpack(buf[:n]); err != nil {
-			return nil, err
+			continue
+		}
+		if sameQuestion(q, r) != nil {
+			continue
 		}
 		return r, nil
 	}

@@ -219,3 +219,46 @@ func TestChainAddrsIgnoresOtherOwners(t *testing.T) {
 		t.Errorf("ChainAddrs = %v, want %v", got, want)
 	}
 }
+
+// A resolver that drops a share of datagrams (as the lab's does under
+// load) costs retries, never a failed lookup and never "no such host":
+// every lost query is sent again well inside the timeout.
+func TestLossyUpstreamIsRetransmitted(t *testing.T) {
+	f := fakedns.StartT(t).SetLoss(0.3)
+	const names = 100
+	for i := range names {
+		f.Add(fmt.Sprintf("n%d.example.com. 60 IN A 93.184.215.%d", i, i+1))
+	}
+	// A 5 s timeout means ten sends: losing all of them is a 1 in 10^5
+	// event, while sending once fails about 30 lookups.
+	c := newClient(t, 5*time.Second, f.Addr)
+	errs := make(chan error, names)
+	sem := make(chan struct{}, 16)
+	for i := range names {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			host := fmt.Sprintf("n%d.example.com", i)
+			addrs, err := c.LookupNetIP(context.Background(), host)
+			if err == nil && len(addrs) != 1 {
+				err = fmt.Errorf("%s: got %v, want one address", host, addrs)
+			}
+			errs <- err
+		}()
+	}
+	failed := 0
+	for range names {
+		if err := <-errs; err != nil {
+			failed++
+			t.Error(err)
+		}
+	}
+	// Two queries (A and AAAA) per name; with 30% loss, about 40% more
+	// were needed.
+	if got := f.Count(); got <= 2*names {
+		t.Errorf("upstream saw %d queries for %d names: no retransmission happened", got, names)
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d lookups failed through a lossy upstream", failed, names)
+	}
+}

@@ -5,6 +5,7 @@ package fakedns
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
@@ -41,8 +42,12 @@ type Server struct {
 	// truncate makes every UDP answer TC with empty sections.
 	truncate bool
 	// drop makes the server read queries and never answer them.
-	drop    bool
-	queries []Query
+	drop bool
+	// loss is the share of UDP queries read and never answered, drawn
+	// from lossRand (seeded, so a test run is repeatable).
+	loss     float64
+	lossRand *rand.Rand
+	queries  []Query
 
 	udp, tcp *dns.Server
 }
@@ -214,6 +219,16 @@ func (s *Server) SetDrop(on bool) *Server {
 	return s
 }
 
+// SetLoss makes the server drop the given share (0..1) of UDP queries
+// without answering, like a congested resolver or path; the choice is
+// pseudo-random with a fixed seed. TCP is never dropped.
+func (s *Server) SetLoss(share float64) *Server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.loss, s.lossRand = share, rand.New(rand.NewPCG(1, 2))
+	return s
+}
+
 // Queries returns copies of the messages received so far.
 func (s *Server) Queries() []Query {
 	s.mu.Lock()
@@ -259,6 +274,9 @@ func (s *Server) handlerFor(network string) dns.HandlerFunc {
 		s.mu.Lock()
 		s.queries = append(s.queries, Query{Net: network, Msg: req.Copy()})
 		drop, trunc := s.drop, s.truncate && network == "udp"
+		if network == "udp" && s.loss > 0 && s.lossRand.Float64() < s.loss {
+			drop = true
+		}
 		var name string
 		if len(req.Question) > 0 {
 			name = key(req.Question[0].Name)
