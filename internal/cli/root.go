@@ -113,6 +113,8 @@ instance.`,
 		newHTTPCmd(e),
 		newAllowlistCmd(e),
 		newNetCmd(e),
+		newExplainCmd(e),
+		newCheckDepsCmd(e),
 	)
 	return root
 }

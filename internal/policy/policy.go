@@ -173,15 +173,25 @@ func (e *Engine) Decide(name string) allowlist.Decision {
 
 // DecideNormalized is Decide for a name returned by allowlist.NormalizeName.
 func (e *Engine) DecideNormalized(n string) allowlist.Decision {
+	l := e.list.Load()
+	if e.passive.Load() && n != HealthcheckName {
+		e.profile.Record(n, l.MatchNormalized(n).Verdict == allowlist.Allow, e.now())
+		return Evaluate(l, Passive, n)
+	}
+	return Evaluate(l, Active, n)
+}
+
+// Evaluate is the name decision of both filters as a pure function of the
+// list and the mode, recording nothing: healthcheck, then the allowlist, then
+// passive mode's allow. n must come from allowlist.NormalizeName. abox explain
+// uses it to answer without touching the passive profile.
+func Evaluate(l *allowlist.List, m Mode, n string) allowlist.Decision {
 	if n == HealthcheckName {
 		return allowlist.Decision{Verdict: allowlist.Allow, Reason: ReasonHealthcheck}
 	}
-	d := e.list.Load().MatchNormalized(n)
-	if e.passive.Load() {
-		e.profile.Record(n, d.Verdict == allowlist.Allow, e.now())
-		if d.Verdict == allowlist.Block {
-			return allowlist.Decision{Verdict: allowlist.Allow, Reason: ReasonPassive}
-		}
+	d := l.MatchNormalized(n) // a nil list allows nothing
+	if m == Passive && d.Verdict == allowlist.Block {
+		return allowlist.Decision{Verdict: allowlist.Allow, Reason: ReasonPassive}
 	}
 	return d
 }

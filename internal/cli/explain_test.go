@@ -1,0 +1,88 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/abox-dev/abox/internal/explain"
+	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/paths"
+	"github.com/abox-dev/abox/internal/policy"
+)
+
+func saveState(t *testing.T, root string, s instance.State) {
+	t.Helper()
+	os.MkdirAll(paths.Layout{Root: root}.InstanceDir(s.Name), 0o755)
+	if err := instance.Save(paths.Layout{Root: root}, s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestExplainCommandLive(t *testing.T) {
+	run, eng := controlRig(t)
+	root := filepath.Dir(filepath.Dir(filepath.Dir(eng.Path())))
+	saveState(t, root, instance.State{Name: "dev", Gateway: netip.MustParseAddr("10.10.9.1"), Ports: []uint16{443}})
+	if _, err := eng.Add("*.example.org"); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := run("explain", "dev", "https://api.example.org/v1")
+	if err != nil || !strings.Contains(out, "rule *.example.org") || !strings.Contains(out, "ALLOW") || !strings.Contains(out, "running filters") {
+		t.Fatalf("explain allowed = %v\n%s", err, out)
+	}
+	// Port 80 is not among this instance's ports.
+	out, _, err = run("explain", "dev", "http://api.example.org/")
+	var ce exitCodeError
+	if !errors.As(err, &ce) || ce.code != exitBlocked || !strings.Contains(out, "port_not_allowed") {
+		t.Fatalf("explain port 80 = %v\n%s", err, out)
+	}
+	// The live mode counts, and explain records nothing in the profile.
+	eng.SetMode(policy.Passive)
+	out, _, err = run("explain", "--json", "dev", "unlisted.test")
+	var r explain.Result
+	if err != nil || json.Unmarshal([]byte(out), &r) != nil || r.Proxy.Reason != policy.ReasonPassive {
+		t.Fatalf("explain passive = %v\n%s", err, out)
+	}
+	if n := len(eng.Profile().Entries); n != 0 {
+		t.Errorf("explain recorded %d names in the passive profile", n)
+	}
+	// A literal of the gateway is the host's address.
+	out, _, err = run("explain", "dev", "10.10.9.1:443")
+	if !errors.As(err, &ce) || !strings.Contains(out, "host_address") && !strings.Contains(out, "private") {
+		t.Fatalf("explain gateway = %v\n%s", err, out)
+	}
+	if _, _, err := run("explain", "dev", "ftp://x.test/"); err == nil || !strings.Contains(err.Error(), "scheme") {
+		t.Errorf("explain ftp = %v", err)
+	}
+}
+
+func TestExplainCommandFiltersDown(t *testing.T) {
+	root := t.TempDir()
+	l := paths.Layout{Root: root}
+	saveState(t, root, instance.State{Name: "off", Gateway: netip.MustParseAddr("10.10.8.1")})
+	os.WriteFile(l.Allowlist("off"), []byte("example.com\n"), 0o644)
+	out, err := runCLI(l, "explain", "off", "example.com")
+	if err != nil || !strings.Contains(out, "allowlist file") || !strings.Contains(out, "ALLOW") {
+		t.Fatalf("explain with filters down = %v\n%s", err, out)
+	}
+	if _, err := runCLI(l, "explain", "nosuch", "example.com"); !errors.Is(err, instance.ErrNotFound) {
+		t.Errorf("explain on a missing instance = %v", err)
+	}
+}
+
+// runCLI runs one command against the data root of l.
+func runCLI(l paths.Layout, args ...string) (string, error) {
+	var out, errb strings.Builder
+	e := &env{stdin: strings.NewReader(""), stdout: &out, stderr: &errb, layout: func() (paths.Layout, error) { return l, nil }}
+	root := newRootCmd(e)
+	root.SetArgs(args)
+	root.SetOut(&out)
+	root.SetErr(&errb)
+	err := root.ExecuteContext(context.Background())
+	return out.String() + errb.String(), err
+}
