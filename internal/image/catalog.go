@@ -86,7 +86,8 @@ func LookupCatalog(name string) (CatalogEntry, error) {
 
 // URLs returns where the image and its checksum file are fetched from:
 // under Base, or under mirror when it is not empty. mirror must be an
-// absolute http or https URL without query or fragment.
+// absolute https URL (http only on a loopback host) without query or
+// fragment.
 func (e CatalogEntry) URLs(mirror string) (image, sums string, err error) {
 	base := e.Base
 	if mirror != "" {
@@ -95,7 +96,10 @@ func (e CatalogEntry) URLs(mirror string) (image, sums string, err error) {
 			return "", "", fmt.Errorf("mirror %q: %w", mirror, err)
 		}
 		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-			return "", "", fmt.Errorf("mirror %q: want an http:// or https:// URL without query or fragment", mirror)
+			return "", "", fmt.Errorf("mirror %q: want an https:// URL without query or fragment", mirror)
+		}
+		if err := CheckDownloadURL(mirror); err != nil {
+			return "", "", fmt.Errorf("mirror: %w", err)
 		}
 		base = strings.TrimRight(mirror, "/")
 	}

@@ -87,9 +87,12 @@ func TestCatalogEntryURLs(t *testing.T) {
 		{"", "https://cloud-images.ubuntu.com/noble/current/noble-server-cloudimg-amd64.img", ""},
 		{"http://127.0.0.1:8080", "http://127.0.0.1:8080/noble/current/noble-server-cloudimg-amd64.img", ""},
 		{"https://m.example/ubuntu/", "https://m.example/ubuntu/noble/current/noble-server-cloudimg-amd64.img", ""},
-		{"ftp://m.example", "", "want an http:// or https:// URL"},
-		{"/srv/images", "", "want an http:// or https:// URL"},
+		{"ftp://m.example", "", "want an https:// URL"},
+		{"/srv/images", "", "want an https:// URL"},
 		{"http://m.example/?x=1", "", "without query"},
+		{"http://m.example/debian", "", "must use https"},
+		{"http://10.1.2.3/debian", "", "must use https"},
+		{"http://localhost:8080", "http://localhost:8080/noble/current/noble-server-cloudimg-amd64.img", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.mirror, func(t *testing.T) {

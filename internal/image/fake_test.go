@@ -2,6 +2,7 @@ package image
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -45,17 +46,17 @@ func (f *fakeRunner) Run(ctx context.Context, name string, args ...string) ([]by
 		if j, ok := f.info[last(1)]; ok {
 			return []byte(j), nil
 		}
-		fi, err := os.Stat(last(1))
+		format, size, err := fakeVirtualSize(last(1))
 		if err != nil {
 			return nil, err
 		}
-		return []byte(fmt.Sprintf(`{"format":"raw","virtual-size":%d}`, fi.Size())), nil
+		return []byte(fmt.Sprintf(`{"format":%q,"virtual-size":%d}`, format, size)), nil
 	case "qemu-img convert":
-		b, err := os.ReadFile(last(2))
+		_, size, err := fakeVirtualSize(last(2))
 		if err != nil {
 			return nil, err
 		}
-		return nil, os.WriteFile(last(1), append([]byte("QFI\xfb"), b...), 0o644)
+		return nil, os.WriteFile(last(1), fakeQcow2(size), 0o644)
 	case "unshare":
 		// unshare --mount --propagation private debootstrap ... SUITE ROOT MIRROR
 		if len(args) < 4 || args[3] != "debootstrap" {
@@ -80,6 +81,33 @@ func (f *fakeRunner) Run(ctx context.Context, name string, args ...string) ([]by
 		return nil, os.WriteFile(last(2), []byte("ext4 of "+root), 0o644)
 	}
 	return nil, errors.New("fakeRunner: unexpected command " + name)
+}
+
+// fakeQcow2 is a minimal valid qcow2 v3 header (no extensions) of a disk
+// of size bytes: what the fake convert writes, and what Inspect's own
+// header check accepts.
+func fakeQcow2(size int64) []byte {
+	b := make([]byte, 112)
+	be := binary.BigEndian
+	be.PutUint32(b[0:], qcow2Magic)
+	be.PutUint32(b[4:], 3)
+	be.PutUint32(b[20:], 16) // 64 KiB clusters
+	be.PutUint64(b[24:], uint64(size))
+	be.PutUint32(b[96:], 4)    // refcount order
+	be.PutUint32(b[100:], 104) // header length; the end extension follows
+	return b
+}
+
+// fakeVirtualSize reads a fakeQcow2's size, or a raw file's length.
+func fakeVirtualSize(file string) (string, int64, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", 0, err
+	}
+	if len(b) >= 32 && binary.BigEndian.Uint32(b) == qcow2Magic {
+		return "qcow2", int64(binary.BigEndian.Uint64(b[24:])), nil
+	}
+	return "raw", int64(len(b)), nil
 }
 
 func (f *fakeRunner) called(prefix string) int {

@@ -5,10 +5,13 @@ import (
 	"crypto/sha256"
 	"crypto/sha512"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
 	"io"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -82,6 +85,9 @@ func (s *Store) PullChecksum(ctx context.Context, name, url string, want Checksu
 	if err != nil {
 		return Image{}, fmt.Errorf("pulling image %s: %w", name, err)
 	}
+	if err := CheckDownloadURL(url); err != nil {
+		return Image{}, fmt.Errorf("pulling image %s: %w", name, err)
+	}
 	if err := s.checkFree(name); err != nil {
 		return Image{}, err
 	}
@@ -119,8 +125,58 @@ func (s *Store) checkFree(name string) error {
 	return nil
 }
 
+// ErrInsecureURL is wrapped when a download URL (or a redirect) is not
+// https: a checksum fetched over plain HTTP vouches for nothing, since
+// whoever is on the path rewrites it together with the image.
+var ErrInsecureURL = errors.New("downloads must use https")
+
+// CheckDownloadURL accepts https URLs, and http only to a loopback host
+// (a local mirror on this machine, where no one is on the path).
+func CheckDownloadURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("url %q: %w", raw, err)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("url %q: want an absolute https:// URL", raw)
+	}
+	switch u.Scheme {
+	case "https":
+		return nil
+	case "http":
+		if h := u.Hostname(); h == "localhost" {
+			return nil
+		} else if ip, err := netip.ParseAddr(h); err == nil && ip.IsLoopback() {
+			return nil
+		}
+	}
+	return fmt.Errorf("url %q: %w (plain http is accepted only from a loopback mirror)", raw, ErrInsecureURL)
+}
+
+// secureClient is c with redirects held to CheckDownloadURL too.
+func secureClient(c *http.Client) *http.Client {
+	cc := *c
+	next := c.CheckRedirect
+	cc.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if err := CheckDownloadURL(req.URL.String()); err != nil {
+			return fmt.Errorf("redirected: %w", err)
+		}
+		if next != nil {
+			return next(req, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		return nil
+	}
+	return &cc
+}
+
 // get issues a GET for url and returns the response of a 200 answer.
 func (s *Store) get(ctx context.Context, url string) (*http.Response, error) {
+	if err := CheckDownloadURL(url); err != nil {
+		return nil, err
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err

@@ -188,7 +188,7 @@ func TestCLIBasePullArgs(t *testing.T) {
 		{"URL with a mirror", []string{"mine", "http://x/a", "--sha256", sha, "--mirror", "http://m"}, "--mirror goes with a catalogue name"},
 		{"list with a name", []string{"--list", "debian-12"}, "no arguments with --list"},
 		{"json without list", []string{"debian-12", "--json"}, "--json goes with --list"},
-		{"mirror not http", []string{"debian-12", "--mirror", "ftp://m"}, "want an http:// or https:// URL"},
+		{"mirror not http", []string{"debian-12", "--mirror", "ftp://m"}, "want an https:// URL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -31,7 +31,7 @@ func NewStore(root string, run Runner, client *http.Client) *Store {
 	if client == nil {
 		client = http.DefaultClient
 	}
-	return &Store{dir: filepath.Join(root, "images"), run: run, client: client, now: time.Now}
+	return &Store{dir: filepath.Join(root, "images"), run: run, client: secureClient(client), now: time.Now}
 }
 
 // Dir is the directory the named image lives in (whether or not it exists).
@@ -104,36 +104,6 @@ func WithSource(source, sha256 string) ImportOption {
 	return func(c *importConfig) { c.source, c.sourceSHA256 = source, sha256 }
 }
 
-// qemuImgInfo is the part of `qemu-img info --output=json` we use.
-type qemuImgInfo struct {
-	Format          string `json:"format"`
-	VirtualSize     int64  `json:"virtual-size"`
-	BackingFilename string `json:"backing-filename"`
-}
-
-// Inspect reports the format and virtual size of a disk image file. Only
-// qcow2 and raw are accepted; a qcow2 with a backing file is refused because
-// the base would silently depend on (and read) another host file.
-func Inspect(ctx context.Context, run Runner, file string) (format string, virtualSize int64, err error) {
-	out, err := run.Run(ctx, "qemu-img", "info", "--output=json", file)
-	if err != nil {
-		return "", 0, fmt.Errorf("inspecting %s: %w", file, err)
-	}
-	var info qemuImgInfo
-	if err := json.Unmarshal(out, &info); err != nil {
-		return "", 0, fmt.Errorf("inspecting %s: parsing qemu-img output: %w", file, err)
-	}
-	switch info.Format {
-	case "qcow2", "raw":
-	default:
-		return "", 0, fmt.Errorf("inspecting %s: format %q is not supported (want qcow2 or raw)", file, info.Format)
-	}
-	if info.BackingFilename != "" {
-		return "", 0, fmt.Errorf("inspecting %s: image has a backing file %s; flatten it with qemu-img convert first", file, info.BackingFilename)
-	}
-	return info.Format, info.VirtualSize, nil
-}
-
 // Import copies file (qcow2 or raw) into the store as a qcow2 named name.
 // Nothing is left behind when it fails.
 func (s *Store) Import(ctx context.Context, name, file string, opts ...ImportOption) (Image, error) {
@@ -178,10 +148,20 @@ func (s *Store) Import(ctx context.Context, name, file string, opts ...ImportOpt
 	}
 
 	// convert, not copy, for qcow2 too: it normalises the file (no
-	// compression or encryption surprises, no external data file).
+	// compression or encryption surprises, no external data file). The
+	// format is the one Inspect checked, never probed again; the result
+	// is inspected again before anything can use it.
 	disk := filepath.Join(tmp, DiskFile)
-	if _, err := s.run.Run(ctx, "qemu-img", "convert", "-f", format, "-O", "qcow2", abs, disk); err != nil {
+	if _, err := s.run.Run(ctx, "qemu-img", "convert", "-U", "-f", format, "-O", "qcow2", abs, disk); err != nil {
 		return Image{}, fmt.Errorf("importing image %s: converting to qcow2: %w", name, err)
+	}
+	if err := os.Chmod(disk, 0o644); err != nil {
+		return Image{}, fmt.Errorf("importing image %s: %w", name, err)
+	}
+	if gotFormat, gotSize, err := Inspect(ctx, s.run, disk); err != nil {
+		return Image{}, fmt.Errorf("importing image %s: checking the converted disk: %w", name, err)
+	} else if gotFormat != "qcow2" || gotSize != vsize {
+		return Image{}, fmt.Errorf("importing image %s: the converted disk is %s of %d bytes, want qcow2 of %d", name, gotFormat, gotSize, vsize)
 	}
 	sum, size, err := fileSHA256(disk)
 	if err != nil {

@@ -95,8 +95,8 @@ func TestImport(t *testing.T) {
 	if img.Size != int64(len(data)) || img.VirtualSize != int64(len("raw disk bytes")) {
 		t.Errorf("size %d virtual %d, want %d and %d", img.Size, img.VirtualSize, len(data), len("raw disk bytes"))
 	}
-	if run.called("qemu-img convert -f raw -O qcow2 "+src) != 1 {
-		t.Errorf("calls = %q, want one qemu-img convert -f raw -O qcow2", run.calls)
+	if run.called("qemu-img convert -U -f raw -O qcow2 "+src) != 1 {
+		t.Errorf("calls = %q, want one qemu-img convert -U -f raw -O qcow2", run.calls)
 	}
 
 	got, err := s.Get("base1")
@@ -120,10 +120,10 @@ func TestImport(t *testing.T) {
 
 func TestImportDirectBoot(t *testing.T) {
 	dir := t.TempDir()
-	src := writeFile(t, filepath.Join(dir, "disk.qcow2"), "qcow")
+	src := writeFile(t, filepath.Join(dir, "disk.qcow2"), string(fakeQcow2(2147483648)))
 	kernel := writeFile(t, filepath.Join(dir, "vmlinuz-x"), "kernel")
 	initrd := writeFile(t, filepath.Join(dir, "initrd-x"), "initrd")
-	run := &fakeRunner{info: map[string]string{src: `{"format":"qcow2","virtual-size":2147483648}`}}
+	run := &fakeRunner{}
 	s := NewStore(t.TempDir(), run, nil)
 	img, err := s.Import(context.Background(), "deb", src, WithDirectBoot(kernel, initrd, Debian12Cmdline))
 	if err != nil {
@@ -147,11 +147,13 @@ func TestImportRefuses(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	good := writeFile(t, filepath.Join(dir, "good.img"), "raw")
-	vmdk := writeFile(t, filepath.Join(dir, "disk.vmdk"), "vmdk")
-	backed := writeFile(t, filepath.Join(dir, "backed.qcow2"), "qcow")
+	// qemu-img's report is a second opinion: a header that passes abox's
+	// own check but that qemu-img reads differently is refused too.
+	backed := writeFile(t, filepath.Join(dir, "backed.qcow2"), string(fakeQcow2(1<<20)))
+	datafile := writeFile(t, filepath.Join(dir, "datafile.qcow2"), string(fakeQcow2(1<<20)))
 	run := &fakeRunner{info: map[string]string{
-		vmdk:   `{"format":"vmdk","virtual-size":1}`,
-		backed: `{"format":"qcow2","virtual-size":1,"backing-filename":"/etc/shadow"}`,
+		backed:   `{"format":"qcow2","virtual-size":1,"backing-filename":"/etc/shadow"}`,
+		datafile: `{"format":"qcow2","virtual-size":1,"format-specific":{"type":"qcow2","data":{"data-file":"/etc/shadow"}}}`,
 	}}
 	s := NewStore(t.TempDir(), run, nil)
 	if _, err := s.Import(ctx, "existing", good); err != nil {
@@ -160,8 +162,8 @@ func TestImportRefuses(t *testing.T) {
 	tests := []struct {
 		name, image, file, want string
 	}{
-		{"unsupported format", "x", vmdk, `format "vmdk" is not supported`},
 		{"backing file", "x", backed, "backing file"},
+		{"data file", "x", datafile, "external data file"},
 		{"bad name", "../x", good, "invalid image name"},
 		{"missing file", "x", filepath.Join(dir, "nope"), "no such file"},
 		{"existing name", "existing", good, ErrExists.Error()},
