@@ -145,7 +145,12 @@ func TestCheckQcow2(t *testing.T) {
 		{"feature table extension", header(ext(extFeatureTable)), ""},
 		{"truncated", header(nil)[:50], "truncated"},
 		{"version 4", header(func(b []byte) []byte { be.PutUint32(b[4:], 4); return b }), "version 4"},
-		{"backing file", header(func(b []byte) []byte { be.PutUint64(b[8:], 120); be.PutUint32(b[16:], 4); copy(b[120:], "/etc"); return b }), "backing file /etc"},
+		{"backing file", header(func(b []byte) []byte {
+			be.PutUint64(b[8:], 120)
+			be.PutUint32(b[16:], 4)
+			copy(b[120:], "/etc")
+			return b
+		}), "backing file /etc"},
 		{"encrypted", header(func(b []byte) []byte { be.PutUint32(b[32:], 2); return b }), "encrypted"},
 		{"data file bit", header(func(b []byte) []byte { be.PutUint64(b[72:], incompatDataFile); return b }), "external data file"},
 		{"corrupt", header(func(b []byte) []byte { be.PutUint64(b[72:], incompatCorrupt); return b }), "corrupt"},
