@@ -147,7 +147,7 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 	if err != nil {
 		s.st.blocked.Add(1)
 		d.verdict, d.reason, d.rcode = allowlist.Block, allowlist.ReasonInvalidName, dns.RcodeNameError
-		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: allowlist.ReasonInvalidName}, ""), d
+		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: allowlist.ReasonInvalidName}), d
 	}
 	d.name = n
 	if n == policy.HealthcheckName {
@@ -158,14 +158,14 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 	if isReverse(n) && !reverseForwardable(n) {
 		s.st.blocked.Add(1)
 		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonPrivateReverse, dns.RcodeNameError
-		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonPrivateReverse}, ""), d
+		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonPrivateReverse}), d
 	}
 	pd := s.pol.DecideNormalized(n)
 	d.verdict, d.reason, d.rule = pd.Verdict, pd.Reason, pd.Rule
 	if pd.Verdict != allowlist.Allow {
 		s.st.blocked.Add(1)
 		d.rcode = dns.RcodeNameError
-		return blocked(req, pd, ""), d
+		return blocked(req, pd), d
 	}
 
 	// Allowed: resolve (cache or upstream), then answer from the checked entry.
@@ -185,7 +185,7 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 		s.st.blocked.Add(1)
 		s.st.rebinding.Add(1)
 		d.verdict, d.reason, d.class, d.rcode = allowlist.Block, ReasonRebinding, string(e.blockClass), dns.RcodeNameError
-		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonRebinding, Rule: pd.Rule}, string(e.blockClass)), d
+		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonRebinding, Rule: pd.Rule}), d
 	}
 	s.st.allowed.Add(1)
 	d.rcode = e.rcode
@@ -270,17 +270,14 @@ func refusal(req *dns.Msg, rcode int, ede uint16, reason string) *dns.Msg {
 }
 
 // blocked answers NXDOMAIN for a policy block, with EDE Blocked whose text
-// carries the reason code, the rule and the address class (never the
-// address: the guest learns nothing about internal hosts).
-func blocked(req *dns.Msg, d allowlist.Decision, class string) *dns.Msg {
+// carries the reason code and the rule, never the address or its class: the
+// guest learns nothing about internal hosts (the log line has the class).
+func blocked(req *dns.Msg, d allowlist.Decision) *dns.Msg {
 	m := new(dns.Msg)
 	m.SetRcode(req, dns.RcodeNameError)
 	m.RecursionAvailable = true
 	if opt, ok := queryOPT(req); ok && opt != nil {
 		text := "reason=" + d.Reason
-		if class != "" {
-			text += " class=" + class
-		}
 		if d.Rule != "" {
 			text += " rule=" + d.Rule
 		}
