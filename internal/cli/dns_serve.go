@@ -28,6 +28,7 @@ type dnsServeOptions struct {
 	allowlist    string
 	upstreams    []string
 	allowPrivate []string
+	allowHost    []string
 	passive      bool
 	logFile      string
 	minTTL       time.Duration
@@ -65,6 +66,7 @@ previous list stays in force.`,
 	f.StringVar(&o.allowlist, "allowlist", "", "allowlist FILE (default: the instance's allowlist.txt)")
 	f.StringArrayVar(&o.upstreams, "upstream", nil, "upstream resolver IP[:PORT], repeatable, tried in order (default: the host's, from /etc/resolv.conf)")
 	f.StringArrayVar(&o.allowPrivate, "allow-private", nil, "CIDR of private or reserved addresses that answers may contain, repeatable")
+	f.StringArrayVar(&o.allowHost, "allow-host", nil, allowHostUsage)
 	f.BoolVar(&o.passive, "passive", false, "start in passive mode: allow and record every name (never with untrusted workloads)")
 	f.StringVar(&o.logFile, "log-file", "", "append decision lines to FILE instead of stderr")
 	f.DurationVar(&o.minTTL, "min-ttl", dnsfilter.DefaultMinTTL, "TTL floor of answers")
@@ -80,7 +82,9 @@ previous list stays in force.`,
 type dnsServeConfig struct {
 	allowlist string
 	permit    []netip.Prefix
-	upstream  *upstream.Client
+	// permitHost are the --allow-host ranges.
+	permitHost []netip.Prefix
+	upstream   *upstream.Client
 }
 
 func (o *dnsServeOptions) resolve(e *env) (dnsServeConfig, error) {
@@ -114,16 +118,11 @@ func (o *dnsServeOptions) resolve(e *env) (dnsServeConfig, error) {
 		}
 		return c, fmt.Errorf("allowlist: %w", err)
 	}
-	for _, s := range o.allowPrivate {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			if a, aerr := netip.ParseAddr(s); aerr == nil {
-				p = netip.PrefixFrom(a, a.BitLen())
-			} else {
-				return c, usageError{fmt.Errorf("--allow-private %q: not a CIDR (write for example 10.20.0.0/16 or fd00::/8)", s)}
-			}
-		}
-		c.permit = append(c.permit, p.Masked())
+	if c.permit, err = parsePermit("--allow-private", o.allowPrivate, e.stderr); err != nil {
+		return c, usageError{err}
+	}
+	if c.permitHost, err = parsePermit("--allow-host", o.allowHost, e.stderr); err != nil {
+		return c, usageError{err}
 	}
 	for _, u := range o.upstreams {
 		if _, err := upstream.ParseServer(u); err != nil {
@@ -180,7 +179,7 @@ func runDNSServe(ctx context.Context, e *env, o *dnsServeOptions) error {
 	srv, err := dnsfilter.New(dnsfilter.Config{
 		PacketConn: pc, Listener: ln,
 		Policy: pol, Upstream: c.upstream,
-		Addrs:  netclass.NewPolicy(c.permit, host),
+		Addrs:  netclass.New(netclass.Options{Permit: c.permit, PermitHost: c.permitHost, Host: host}),
 		Logger: log, DecisionLog: dlog,
 		MinTTL: o.minTTL, MaxTTL: o.maxTTL,
 		CacheSize: cache, RateLimit: rate, RateBurst: o.rateBurst,

@@ -44,6 +44,8 @@ func TestDNSServeFlagErrors(t *testing.T) {
 		{"default allowlist missing", []string{"--upstream", "127.0.0.1"}, "does not exist"},
 		{"invalid allowlist", []string{"--allowlist", bad, "--upstream", "127.0.0.1"}, "bad.txt:2"},
 		{"bad CIDR", []string{"--allowlist", allow, "--upstream", "127.0.0.1", "--allow-private", "10.0.0.0/33"}, "not a CIDR"},
+		{"allow-private /0", []string{"--allowlist", allow, "--upstream", "127.0.0.1", "--allow-private", "0.0.0.0/0"}, "a /0 would permit every address"},
+		{"allow-host /0", []string{"--allowlist", allow, "--upstream", "127.0.0.1", "--allow-host", "::/0"}, "--allow-host"},
 		{"upstream host name", []string{"--allowlist", allow, "--upstream", "dns.google"}, "want IP or IP:PORT"},
 		{"bad listen", []string{"--allowlist", allow, "--upstream", "127.0.0.1", "--listen", "localhost:53"}, "not an IP address"},
 		{"bad name", []string{"--allowlist", allow, "--upstream", "127.0.0.1", "--name", "../x"}, "--name"},

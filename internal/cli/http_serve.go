@@ -32,6 +32,7 @@ type httpServeOptions struct {
 	allowlist     string
 	upstreams     []string
 	allowPrivate  []string
+	allowHost     []string
 	upstreamCA    string
 	caDir         string
 	noMITM        bool
@@ -77,6 +78,7 @@ One JSON line per request or tunnel goes to stderr (or --log-file) and to
 	f.StringVar(&o.allowlist, "allowlist", "", "allowlist FILE (default: the instance's allowlist.txt)")
 	f.StringArrayVar(&o.upstreams, "upstream", nil, "upstream resolver IP[:PORT], repeatable, tried in order (default: the host's, from /etc/resolv.conf)")
 	f.StringArrayVar(&o.allowPrivate, "allow-private", nil, "CIDR of private or reserved addresses the proxy may connect to, repeatable")
+	f.StringArrayVar(&o.allowHost, "allow-host", nil, allowHostUsage)
 	f.StringVar(&o.upstreamCA, "upstream-ca", "", "PEM FILE of extra roots trusted for upstream servers, besides the system roots")
 	f.StringVar(&o.caDir, "ca-dir", "", "directory of the interception CA (default: the instance's ca/)")
 	f.BoolVar(&o.noMITM, "no-mitm", false, "never intercept TLS: tunnel every CONNECT after checking its server name")
@@ -111,7 +113,11 @@ func runHTTPServe(ctx context.Context, e *env, o *httpServeOptions) error {
 	if err != nil {
 		return usageError{err}
 	}
-	permit, err := parsePermit(o.allowPrivate)
+	permit, err := parsePermit("--allow-private", o.allowPrivate, e.stderr)
+	if err != nil {
+		return usageError{err}
+	}
+	permitHost, err := parsePermit("--allow-host", o.allowHost, e.stderr)
 	if err != nil {
 		return usageError{err}
 	}
@@ -191,7 +197,7 @@ func runHTTPServe(ctx context.Context, e *env, o *httpServeOptions) error {
 		Listener:       ln,
 		Policy:         pol,
 		Resolver:       up,
-		Addresses:      netclass.NewPolicy(permit, host),
+		Addresses:      netclass.New(netclass.Options{Permit: permit, PermitHost: permitHost, Host: host}),
 		Ports:          ports,
 		CA:             authority,
 		NoMITM:         o.noMITM,

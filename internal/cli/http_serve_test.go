@@ -33,6 +33,8 @@ func TestHTTPServeFlagErrors(t *testing.T) {
 		{"bad ports", append(base, "--ports", "80,http"), "--ports"},
 		{"port zero", append(base, "--ports", "0"), "--ports"},
 		{"bad CIDR", append(base, "--allow-private", "10.0.0.0/33"), "not a CIDR"},
+		{"allow-private /0", append(base, "--allow-private", "0.0.0.0/0"), "a /0 would permit every address"},
+		{"allow-host /0", append(base, "--allow-host", "::/0"), "--allow-host"},
 		{"upstream host name", append(base, "--upstream", "dns.google"), "want IP or IP:PORT"},
 		{"bad listen", []string{"--allowlist", allow, "--upstream", "127.0.0.1", "--listen", "localhost:3128"}, "--listen"},
 		{"bad name", append(base, "--name", "../x"), "--name"},

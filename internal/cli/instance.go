@@ -43,7 +43,7 @@ own /24, and the libvirt domain with its packet filter. Nothing runs until
 				}
 				s.Subnet = p
 			}
-			permit, err := parsePermit(allowPrivate)
+			permit, err := parsePermit("--allow-private", allowPrivate, e.stderr)
 			if err != nil {
 				return usageError{err}
 			}

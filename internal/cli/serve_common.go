@@ -10,24 +10,29 @@ import (
 
 	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/logring"
+	"github.com/abox-dev/abox/internal/netclass"
 )
 
-// parsePermit parses --allow-private values: CIDRs, or single addresses.
-func parsePermit(list []string) ([]netip.Prefix, error) {
+// parsePermit parses the values of one address-range flag (--allow-private,
+// --allow-host): CIDRs, or single addresses. Warnings (a range wider than a
+// site) go to warn.
+func parsePermit(flag string, list []string, warn io.Writer) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, s := range list {
-		p, err := netip.ParsePrefix(s)
+		p, w, err := netclass.ParsePermit(flag, s)
 		if err != nil {
-			a, aerr := netip.ParseAddr(s)
-			if aerr != nil {
-				return nil, fmt.Errorf("--allow-private %q: not a CIDR (write for example 10.20.0.0/16 or fd00::/8)", s)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
+			return nil, err
 		}
-		out = append(out, p.Masked())
+		if w != "" {
+			fmt.Fprintf(warn, "warning: %s\n", w)
+		}
+		out = append(out, p)
 	}
 	return out, nil
 }
+
+// allowHostUsage is the help of --allow-host, the same for every command.
+const allowHostUsage = "CIDR the guest may reach even though it holds host addresses, loopback or other instances' networks, repeatable (--allow-private never opens those)"
 
 // serveLogs is the logging of a foreground filter: decision lines encoded on
 // the hot path and written in batches to the log file (or stderr) and to the

@@ -97,7 +97,9 @@ var extraRecords = map[string][]string{
 type harnessOptions struct {
 	allowlist string
 	permit    []string
-	passive   bool
+	// permitHost are --allow-host ranges.
+	permitHost []string
+	passive    bool
 	// upstreams replaces the fake upstream's address when set (the fake still runs).
 	upstreams []string
 	tweak     func(*dnsfilter.Config)
@@ -197,13 +199,17 @@ func start(t *testing.T, o harnessOptions) *harness {
 	for _, p := range o.permit {
 		permit = append(permit, netip.MustParsePrefix(p))
 	}
+	var permitHost []netip.Prefix
+	for _, p := range o.permitHost {
+		permitHost = append(permitHost, netip.MustParsePrefix(p))
+	}
 	pc, ln, err := dnsfilter.Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("Listen: %v", err)
 	}
 	cfg := dnsfilter.Config{
 		PacketConn: pc, Listener: ln, Policy: pol, Upstream: up,
-		Addrs: netclass.NewPolicy(permit, nil), Logger: log, DecisionLog: dlog,
+		Addrs: netclass.New(netclass.Options{Permit: permit, PermitHost: permitHost}), Logger: log, DecisionLog: dlog,
 		RateLimit: -1,
 	}
 	if o.tweak != nil {

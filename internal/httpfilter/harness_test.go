@@ -178,10 +178,11 @@ func newHarness(t *testing.T, o hopts) *harness {
 	}
 	h := &harness{t: t, res: newFakeResolver(), engine: eng, origin: originCA, roots: roots, log: &syncBuffer{}, keyLog: filepath.Join(dir, "logs", "keys.log")}
 	cfg := Config{
-		Listener:         ln,
-		Policy:           eng,
-		Resolver:         h.res,
-		Addresses:        netclass.NewPolicy(permit, host),
+		Listener: ln,
+		Policy:   eng,
+		Resolver: h.res,
+		// The test upstreams listen on loopback: only --allow-host opens it.
+		Addresses:        netclass.New(netclass.Options{PermitHost: permit, Host: host}),
 		Ports:            o.ports,
 		CA:               proxyCA,
 		NoMITM:           o.noMITM,

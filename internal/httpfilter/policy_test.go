@@ -64,13 +64,13 @@ func TestBlockedRangesByName(t *testing.T) {
 	h := newHarness(t, hopts{allow: []string{"*.e.test"}, permit: []string{}, hostAddrs: []string{"93.184.0.9"}})
 	ranges := []struct{ addr, reason string }{
 		{"0.0.0.1", "unspecified"}, {"10.1.2.3", "private"}, {"172.16.5.4", "private"}, {"192.168.0.1", "private"},
-		{"100.64.1.1", "cgnat"}, {"127.0.0.1", "loopback"}, {"169.254.169.254", "link_local"},
+		{"100.64.1.1", "cgnat"}, {"127.0.0.1", "loopback"}, {"169.254.169.254", "metadata"}, {"169.254.1.1", "link_local"}, {"168.63.129.16", "metadata"},
 		{"192.0.0.8", "ietf_protocol"}, {"192.0.2.1", "documentation"}, {"198.51.100.2", "documentation"},
 		{"203.0.113.3", "documentation"}, {"198.18.0.1", "benchmarking"}, {"224.0.0.251", "multicast"},
 		{"240.0.0.1", "reserved"}, {"255.255.255.255", "broadcast"}, {"192.88.99.1", "relay_6to4"},
 		{"::", "unspecified"}, {"::1", "loopback"}, {"fe80::1", "link_local"}, {"fd00::1", "unique_local"},
 		{"ff02::1", "multicast"}, {"2001:db8::1", "documentation"}, {"::ffff:10.0.0.1", "private"},
-		{"::127.0.0.1", "loopback"}, {"64:ff9b::a9fe:a9fe", "link_local"}, {"64:ff9b:1::1", "embedded_v4"},
+		{"::127.0.0.1", "loopback"}, {"64:ff9b::a9fe:a9fe", "metadata"}, {"64:ff9b::a83f:8110", "metadata"}, {"64:ff9b:1::1", "embedded_v4"},
 		{"2002:c0a8:101::1", "private"}, {"2001:0:808:808::80ff:fffe", "loopback"},
 		{"93.184.0.9", "host_address"},
 	}
@@ -103,7 +103,7 @@ func TestBlockedLiterals(t *testing.T) {
 			{"0x7f.1", "loopback"}, {"0x7f000001", "loopback"}, {"127.1", "loopback"}, {"017700000001", "loopback"},
 			{"127.0.0.1.", "loopback"}, {"[::1]", "loopback"},
 			{"[::ffff:127.0.0.1]", "loopback"}, {"[::ffff:7f00:1]", "loopback"}, {"[fe80::1%25eth0]", "link_local"},
-			{"0xa9fea9fe", "link_local"}, {"169.254.169.254", "link_local"}, {"10.1", "private"}, {"0", "unspecified"},
+			{"0xa9fea9fe", "metadata"}, {"169.254.169.254", "metadata"}, {"168.63.129.16", "metadata"}, {"10.1", "private"}, {"0", "unspecified"},
 			{"[64:ff9b::7f00:1]", "loopback"}, {"[2002:7f00:1::1]", "loopback"}, {"[fd00::1]", "unique_local"},
 			{"192.168.1.1", "private"}, {"100.64.0.1", "cgnat"},
 		}

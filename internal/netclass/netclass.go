@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/abox-dev/abox/internal/validate"
 )
 
 // Class names the range an address belongs to. Public is the only class that
@@ -17,24 +20,27 @@ type Class string
 
 const (
 	Public        Class = "public"
-	Unspecified   Class = "unspecified"   // 0.0.0.0/8, ::
-	Loopback      Class = "loopback"      // 127/8, ::1
-	Private       Class = "private"       // RFC 1918
-	CGNAT         Class = "cgnat"         // 100.64/10
-	LinkLocal     Class = "link_local"    // 169.254/16, fe80::/10
-	UniqueLocal   Class = "unique_local"  // fc00::/7, fec0::/10 (site-local)
-	Multicast     Class = "multicast"     // 224/4, ff00::/8
-	Broadcast     Class = "broadcast"     // 255.255.255.255
-	Reserved      Class = "reserved"      // 240/4 and IPv6 outside 2000::/3
-	IETFProtocol  Class = "ietf_protocol" // 192.0.0/24, 2001::/23 special purpose
-	Documentation Class = "documentation" // TEST-NETs, 2001:db8::/32, 3fff::/20
-	Benchmarking  Class = "benchmarking"  // 198.18/15, 2001:2::/48
-	Relay6to4     Class = "relay_6to4"    // 192.88.99/24
-	HostAddress   Class = "host_address"  // one of the host's own interface addresses
-	HostNetwork   Class = "host_network"  // on an IPv6 network the host is attached to (the LAN)
-	Embedded      Class = "embedded_v4"   // translation prefix with no usable embedded address
-	Permitted     Class = "permitted"     // inside a range the user explicitly permitted
-	Invalid       Class = "invalid"       // the zero Addr
+	Unspecified   Class = "unspecified"      // 0.0.0.0/8, ::
+	Loopback      Class = "loopback"         // 127/8, ::1
+	Private       Class = "private"          // RFC 1918
+	CGNAT         Class = "cgnat"            // 100.64/10
+	LinkLocal     Class = "link_local"       // 169.254/16, fe80::/10
+	UniqueLocal   Class = "unique_local"     // fc00::/7, fec0::/10 (site-local)
+	Multicast     Class = "multicast"        // 224/4, ff00::/8
+	Broadcast     Class = "broadcast"        // 255.255.255.255
+	Reserved      Class = "reserved"         // 240/4 and IPv6 outside 2000::/3
+	IETFProtocol  Class = "ietf_protocol"    // 192.0.0/24, 2001::/23 special purpose
+	Documentation Class = "documentation"    // TEST-NETs, 2001:db8::/32, 3fff::/20
+	Benchmarking  Class = "benchmarking"     // 198.18/15, 2001:2::/48
+	Relay6to4     Class = "relay_6to4"       // 192.88.99/24
+	HostAddress   Class = "host_address"     // one of the host's own interface addresses
+	HostNetwork   Class = "host_network"     // on an IPv6 network the host is attached to (the LAN)
+	Instance      Class = "instance_network" // on the network of an abox bridge (another guest)
+	Metadata      Class = "metadata"         // a cloud's instance metadata or platform endpoint
+	Anycast       Class = "anycast"          // AS112, AMT and other special anycast services
+	Embedded      Class = "embedded_v4"      // translation prefix with no usable embedded address
+	Permitted     Class = "permitted"        // inside a range the user explicitly permitted
+	Invalid       Class = "invalid"          // the zero Addr
 )
 
 type rangeClass struct {
@@ -53,8 +59,11 @@ var v4Ranges = []rangeClass{
 	{netip.MustParsePrefix("172.16.0.0/12"), Private},
 	{netip.MustParsePrefix("192.0.0.0/24"), IETFProtocol},
 	{netip.MustParsePrefix("192.0.2.0/24"), Documentation},
+	{netip.MustParsePrefix("192.31.196.0/24"), Anycast}, // AS112-v4 (RFC 7535)
+	{netip.MustParsePrefix("192.52.193.0/24"), Anycast}, // AMT (RFC 7450)
 	{netip.MustParsePrefix("192.88.99.0/24"), Relay6to4},
 	{netip.MustParsePrefix("192.168.0.0/16"), Private},
+	{netip.MustParsePrefix("192.175.48.0/24"), Anycast}, // AS112 direct delegation (RFC 7534)
 	{netip.MustParsePrefix("198.18.0.0/15"), Benchmarking},
 	{netip.MustParsePrefix("198.51.100.0/24"), Documentation},
 	{netip.MustParsePrefix("203.0.113.0/24"), Documentation},
@@ -78,7 +87,32 @@ var v6Ranges = []rangeClass{
 	{netip.MustParsePrefix("2001:db8::/32"), Documentation},
 	{netip.MustParsePrefix("3fff::/20"), Documentation},
 	{netip.MustParsePrefix("2001:2::/48"), Benchmarking},
-	{netip.MustParsePrefix("2001::/23"), IETFProtocol},
+	{netip.MustParsePrefix("2001::/23"), IETFProtocol},    // incl. PCP/TURN/DNS-SD anycast, AMT, AS112-v6, ORCHID
+	{netip.MustParsePrefix("2620:4f:8000::/48"), Anycast}, // AS112 direct delegation (RFC 7534)
+}
+
+// metadata are the instance metadata, platform and link-local service
+// endpoints of the clouds abox may run in. A guest reaching one through the
+// host reads the host's credentials, so they are refused ahead of every
+// permit, whatever range they lie in (Azure's wireserver is a public address).
+var metadata = []netip.Prefix{
+	netip.MustParsePrefix("169.254.169.0/24"),   // AWS/GCP/Azure/OpenStack/Oracle/DO/Hetzner IMDS, AWS DNS and NTP
+	netip.MustParsePrefix("169.254.170.0/24"),   // AWS ECS task metadata, EKS pod identity
+	netip.MustParsePrefix("169.254.0.23/32"),    // Tencent Cloud metadata
+	netip.MustParsePrefix("168.63.129.16/32"),   // Azure wireserver (platform DNS, health, agent)
+	netip.MustParsePrefix("100.100.100.200/32"), // Alibaba Cloud metadata
+	netip.MustParsePrefix("192.0.0.192/32"),     // Oracle Cloud metadata
+	netip.MustParsePrefix("fd00:ec2::/32"),      // AWS IMDS, DNS and NTP over IPv6
+	netip.MustParsePrefix("fd20:ce::/32"),       // GCP metadata over IPv6
+}
+
+func isMetadata(a netip.Addr) bool {
+	for _, p := range metadata {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // v6Outside are the classes of well-known ranges outside 2000::/3, for better
@@ -103,6 +137,9 @@ func Classify(a netip.Addr) Class {
 	}
 	if a.Is4() {
 		return classify4(a)
+	}
+	if isMetadata(a) {
+		return Metadata
 	}
 	switch {
 	case a == netip.IPv6Unspecified():
@@ -147,6 +184,9 @@ func Classify(a netip.Addr) Class {
 }
 
 func classify4(a netip.Addr) Class {
+	if isMetadata(a) {
+		return Metadata
+	}
 	for _, r := range v4Ranges {
 		if r.p.Contains(a) {
 			return r.c
@@ -185,9 +225,15 @@ func Embedded4(a netip.Addr) (netip.Addr, bool) {
 // Policy decides which destination addresses a guest may reach. The zero value
 // permits only public addresses. A Policy is safe for concurrent use.
 type Policy struct {
-	// permit holds ranges the user explicitly allowed (--allow-private); they
-	// win over every other class, including the host's own addresses.
+	// permit holds ranges the user explicitly allowed (--allow-private). They
+	// open private and reserved ranges and the host's IPv6 LAN, never the
+	// host's own addresses, loopback, unspecified, abox instance networks or
+	// metadata endpoints, so a wide range cannot open those by accident.
 	permit []netip.Prefix
+	// permitHost holds ranges allowed with --allow-host: like permit, and
+	// also the host's own addresses, loopback and instance networks. Metadata
+	// endpoints stay refused whatever is permitted.
+	permitHost []netip.Prefix
 	// host holds the host's own addresses given to NewPolicy, never
 	// reachable unless permitted.
 	host map[netip.Addr]bool
@@ -197,21 +243,41 @@ type Policy struct {
 	live *liveHost
 }
 
+// Options configures New.
+type Options struct {
+	// Permit are the --allow-private ranges (see Policy.permit).
+	Permit []netip.Prefix
+	// PermitHost are the --allow-host ranges (see Policy.permitHost).
+	PermitHost []netip.Prefix
+	// Host are the host's own addresses (see HostAddrs); giving any makes
+	// the policy follow the host's interfaces.
+	Host []netip.Addr
+}
+
 // NewPolicy builds a policy. permit are the explicitly allowed ranges; host are
 // the host's own addresses (see HostAddrs). A policy given host addresses is
 // the host's: it also re-reads the host's interfaces (at most once per
-// hostRefresh) and refuses their current addresses and every address on the
-// IPv6 networks they are attached to (HostNetwork): a LAN neighbour with a
-// global IPv6 address is not the internet.
+// hostRefresh) and refuses their current addresses, every address on the
+// IPv6 networks they are attached to (HostNetwork), a LAN neighbour with a
+// global IPv6 address is not the internet, and every address on the networks
+// of abox bridges (Instance: the other guests).
 func NewPolicy(permit []netip.Prefix, host []netip.Addr) *Policy {
-	p := &Policy{host: make(map[netip.Addr]bool, len(host))}
-	for _, pr := range permit {
+	return New(Options{Permit: permit, Host: host})
+}
+
+// New builds a policy from o.
+func New(o Options) *Policy {
+	p := &Policy{host: make(map[netip.Addr]bool, len(o.Host))}
+	for _, pr := range o.Permit {
 		p.permit = append(p.permit, pr.Masked())
 	}
-	for _, h := range host {
+	for _, pr := range o.PermitHost {
+		p.permitHost = append(p.permitHost, pr.Masked())
+	}
+	for _, h := range o.Host {
 		p.host[h.WithZone("").Unmap()] = true
 	}
-	if len(host) > 0 {
+	if len(o.Host) > 0 {
 		p.live = &liveHost{}
 	}
 	return p
@@ -224,20 +290,44 @@ func (p *Policy) Check(a netip.Addr) Class {
 		return Invalid
 	}
 	a = a.WithZone("")
-	if p != nil && p.permitted(a) {
-		return Permitted
-	}
 	c := Classify(a)
-	if c != Public {
-		return c
+	if c == Metadata {
+		return Metadata
 	}
 	if p == nil {
-		return Public
+		return c
 	}
 	cands := []netip.Addr{a.Unmap()}
 	if v4, ok := Embedded4(a); ok {
 		cands = append(cands, v4)
+		if isMetadata(v4) {
+			return Metadata
+		}
 	}
+	if within(p.permitHost, cands) {
+		return Permitted
+	}
+	if c == Loopback || c == Unspecified {
+		return c
+	}
+	if hc := p.hostClass(cands); hc != "" && hc != HostNetwork {
+		return hc
+	}
+	if within(p.permit, cands) {
+		return Permitted
+	}
+	if c != Public {
+		return c
+	}
+	if hc := p.hostClass(cands); hc != "" {
+		return hc
+	}
+	return Public
+}
+
+// hostClass is HostAddress, Instance or HostNetwork when one of cands is on
+// the host, and empty otherwise.
+func (p *Policy) hostClass(cands []netip.Addr) Class {
 	var snap *hostSnapshot
 	if p.live != nil {
 		snap = p.live.get()
@@ -247,27 +337,28 @@ func (p *Policy) Check(a netip.Addr) Class {
 			return HostAddress
 		}
 	}
-	if snap != nil {
-		for _, n := range snap.nets {
-			for _, c := range cands {
-				if n.Contains(c) {
-					return HostNetwork
-				}
+	if snap == nil {
+		return ""
+	}
+	for _, n := range snap.instances {
+		for _, c := range cands {
+			if n.Contains(c) {
+				return Instance
 			}
 		}
 	}
-	return Public
+	for _, n := range snap.nets {
+		for _, c := range cands {
+			if n.Contains(c) {
+				return HostNetwork
+			}
+		}
+	}
+	return ""
 }
 
-func (p *Policy) permitted(a netip.Addr) bool {
-	if len(p.permit) == 0 {
-		return false
-	}
-	cands := []netip.Addr{a.Unmap()}
-	if v4, ok := Embedded4(a); ok {
-		cands = append(cands, v4)
-	}
-	for _, pr := range p.permit {
+func within(ps []netip.Prefix, cands []netip.Addr) bool {
+	for _, pr := range ps {
 		for _, c := range cands {
 			if pr.Contains(c) {
 				return true
@@ -280,17 +371,41 @@ func (p *Policy) permitted(a netip.Addr) bool {
 // hostRefresh bounds how stale the view of the host's interfaces may be.
 const hostRefresh = time.Second
 
-// interfaceAddrs and clock are replaced by tests.
+// interfaceAddrs, bridgeAddrs and clock are replaced by tests.
 var (
 	interfaceAddrs = net.InterfaceAddrs
+	bridgeAddrs    = aboxBridgeAddrs
 	clock          = time.Now
 )
+
+// aboxBridgeAddrs lists the addresses of the host's abox bridges: each sits
+// on one instance's network, whose other addresses are guests.
+func aboxBridgeAddrs() ([]net.Addr, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, err
+	}
+	var out []net.Addr
+	for _, ifc := range ifs {
+		if !strings.HasPrefix(ifc.Name, validate.BridgePrefix) {
+			continue
+		}
+		as, err := ifc.Addrs()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, as...)
+	}
+	return out, nil
+}
 
 // hostSnapshot is one reading of the host's interfaces.
 type hostSnapshot struct {
 	at    time.Time
 	addrs map[netip.Addr]bool
 	nets  []netip.Prefix
+	// instances are the networks of abox bridges, IPv4 and IPv6.
+	instances []netip.Prefix
 }
 
 // liveHost caches the host's interface addresses and networks.
@@ -364,7 +479,33 @@ func readHost() *hostSnapshot {
 			s.nets = append(s.nets, pr)
 		}
 	}
+	if bs, err := bridgeAddrs(); err == nil {
+		for _, a := range bs {
+			if pr, ok := ifacePrefix(a); ok {
+				s.instances = append(s.instances, pr)
+			}
+		}
+	}
 	return s
+}
+
+// ifacePrefix is the network an interface address sits on.
+func ifacePrefix(a net.Addr) (netip.Prefix, bool) {
+	pn, ok := a.(*net.IPNet)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ip, ok := netip.AddrFromSlice(pn.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ip = ip.Unmap()
+	ones, _ := pn.Mask.Size()
+	if ip.Is4() && len(pn.Mask) == net.IPv6len {
+		ones -= 96
+	}
+	pr, err := ip.Prefix(ones)
+	return pr, err == nil
 }
 
 // Allowed reports whether Check's class lets traffic through.

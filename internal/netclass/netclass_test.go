@@ -17,7 +17,7 @@ func TestClassify(t *testing.T) {
 		{"172.32.0.1", Public}, {"172.15.255.255", Public},
 		{"100.64.0.1", CGNAT}, {"100.127.255.255", CGNAT}, {"100.128.0.1", Public},
 		{"127.0.0.1", Loopback}, {"127.255.255.254", Loopback},
-		{"169.254.169.254", LinkLocal},
+		{"169.254.169.254", Metadata}, {"169.254.1.1", LinkLocal},
 		{"192.0.0.1", IETFProtocol}, {"192.0.0.170", IETFProtocol},
 		{"192.0.2.1", Documentation}, {"198.51.100.1", Documentation}, {"203.0.113.1", Documentation},
 		{"192.88.99.1", Relay6to4},
@@ -34,11 +34,11 @@ func TestClassify(t *testing.T) {
 		{"100::1", Reserved}, {"4000::1", Reserved},
 		{"2606:4700::1111", Public}, {"2a00:1450::1", Public},
 		// IPv4-mapped
-		{"::ffff:127.0.0.1", Loopback}, {"::ffff:10.1.2.3", Private}, {"::ffff:169.254.169.254", LinkLocal}, {"::ffff:8.8.8.8", Public},
+		{"::ffff:127.0.0.1", Loopback}, {"::ffff:10.1.2.3", Private}, {"::ffff:169.254.169.254", Metadata}, {"::ffff:8.8.8.8", Public},
 		// IPv4-compatible (deprecated)
 		{"::127.0.0.1", Loopback}, {"::10.0.0.1", Private}, {"::8.8.8.8", Public},
 		// NAT64 well-known and local-use
-		{"64:ff9b::7f00:1", Loopback}, {"64:ff9b::a9fe:a9fe", LinkLocal}, {"64:ff9b::808:808", Public},
+		{"64:ff9b::7f00:1", Loopback}, {"64:ff9b::a9fe:a9fe", Metadata}, {"64:ff9b::a9fe:101", LinkLocal}, {"64:ff9b::808:808", Public},
 		{"64:ff9b:1::1", Embedded}, {"64:ff9b:1:ffff::8.8.8.8", Embedded},
 		// 6to4
 		{"2002:7f00:1::1", Loopback}, {"2002:c0a8:101::1", Private}, {"2002:808:808::1", Public},
@@ -69,9 +69,10 @@ func TestPolicyCheck(t *testing.T) {
 		addr string
 		want Class
 	}{
-		{"127.0.0.1", Permitted},
-		{"::ffff:127.0.0.1", Permitted},
-		{"64:ff9b::7f00:1", Permitted},
+		// --allow-private never opens loopback, even when it names it.
+		{"127.0.0.1", Loopback},
+		{"::ffff:127.0.0.1", Loopback},
+		{"64:ff9b::7f00:1", Loopback},
 		{"127.0.0.2", Loopback},
 		{"10.20.3.4", Permitted},
 		{"10.21.0.1", Private},

@@ -344,7 +344,7 @@ func (e *env) start() (func(), error) {
 		Listener:       ln,
 		Policy:         pol,
 		Resolver:       loopback{},
-		Addresses:      netclass.NewPolicy([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, nil),
+		Addresses:      netclass.New(netclass.Options{PermitHost: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}),
 		Ports:          []uint16{uint16(hp), uint16(tp)},
 		CA:             proxyCA,
 		MITMExceptions: []string{"tunnel.bench"},
