@@ -3,18 +3,22 @@ module github.com/abox-dev/abox
 go 1.26.8
 
 require (
-	github.com/coder/websocket v1.8.15 // indirect
-	github.com/digitalocean/go-libvirt v0.0.0-20261013170128-efbbdf578ac8 // indirect
-	github.com/fsnotify/fsnotify v1.10.1 // indirect
+	github.com/coder/websocket v1.8.15
+	github.com/digitalocean/go-libvirt v0.0.0-20261013170128-efbbdf578ac8
+	github.com/fsnotify/fsnotify v1.10.1
+	github.com/miekg/dns v1.1.73
+	github.com/spf13/cobra v1.10.2
+	github.com/weppos/publicsuffix-go v0.50.3
+	go.yaml.in/yaml/v3 v3.0.6
+	golang.org/x/crypto v0.58.0
+	golang.org/x/net v0.62.0
+	golang.org/x/sync v0.25.0
+	libvirt.org/go/libvirtxml v1.12008.0
+)
+
+require (
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
-	github.com/miekg/dns v1.1.73 // indirect
-	github.com/spf13/cobra v1.10.2 // indirect
 	github.com/spf13/pflag v1.0.9 // indirect
-	go.yaml.in/yaml/v3 v3.0.6 // indirect
-	golang.org/x/crypto v0.58.0 // indirect
-	golang.org/x/net v0.62.0 // indirect
-	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
-	libvirt.org/go/libvirtxml v1.12008.0 // indirect
 )

@@ -271,6 +271,16 @@ func ParseEntry(s string) (Entry, error) {
 		if ps, _ := publicsuffix.PublicSuffix(probe); ps == probe {
 			return Entry{}, fmt.Errorf("%q: the names directly below %s are public suffixes, so the wildcard would allow unrelated owners; name a domain below one of them", s, name)
 		}
+		// A suffix deeper down (s3.amazonaws.com below *.amazonaws.com,
+		// blob.core.windows.net below *.core.windows.net) makes the wildcard
+		// cover every owner registered under it too.
+		if below := suffixBelow(name); below != "" {
+			ex := "*.NAME." + strings.TrimPrefix(below, "*.")
+			if strings.HasPrefix(below, "*.") {
+				ex = "*.NAME.LABEL." + below[2:]
+			}
+			return Entry{}, fmt.Errorf("%q: %s is a public suffix below %s, so the wildcard would allow names of unrelated owners; allow your own name below it instead, such as %s or an exact host name", s, below, name, ex)
+		}
 	}
 	return Entry{Name: name, Wildcard: wildcard}, nil
 }

@@ -80,6 +80,15 @@ func TestParseEntryRejects(t *testing.T) {
 		{"*.kawasaki.jp", "public suffixes"},
 		{"*.compute.amazonaws.com", "public suffixes"},
 		{"*.Compute.AmazonAWS.com.", "public suffixes"},
+		// A public suffix deeper below the name (PSL private section): the
+		// wildcard would match anyone's bucket, storage account or service.
+		{"*.amazonaws.com", "public suffix below amazonaws.com"},
+		{"*.s3.amazonaws.com", "public suffix"},
+		{"*.core.windows.net", "is a public suffix below core.windows.net"},
+		{"*.windows.net", "public suffix below windows.net"},
+		{"*.fastly.net", "map.fastly.net is a public suffix below fastly.net"},
+		{"*.ssl.fastly.net", "a.ssl.fastly.net is a public suffix below ssl.fastly.net"},
+		{"*.amazonaws.com", "such as *.NAME."},
 		{"foo.*.example.com", "whole first label"},
 		{"*example.com", "whole first label"},
 		{"**.example.com", "whole first label"},
