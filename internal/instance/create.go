@@ -286,6 +286,7 @@ func ParamsOf(l interface{ LogsDir(string) string }, st State) libvirt.Params {
 		DiskPath:      filepath.Join(filepath.Dir(l.LogsDir(st.Name)), "disk.qcow2"),
 		SeedISOPath:   filepath.Join(filepath.Dir(l.LogsDir(st.Name)), "seed.iso"),
 		SerialLogPath: filepath.Join(l.LogsDir(st.Name), "serial.log"),
+		InstanceDir:   filepath.Dir(l.LogsDir(st.Name)),
 		Kernel:        st.Kernel, Initrd: st.Initrd, Cmdline: st.Cmdline,
 		Accel: libvirt.Accel(st.Accel),
 	}

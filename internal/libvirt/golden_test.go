@@ -45,6 +45,7 @@ func testParams() Params {
 		DiskPath:      "/var/lib/abox/instances/dev/disk.qcow2",
 		SeedISOPath:   "/var/lib/abox/instances/dev/seed.iso",
 		SerialLogPath: "/var/lib/abox/instances/dev/logs/serial.log",
+		InstanceDir:   "/var/lib/abox/instances/dev",
 		Accel:         AccelTCG,
 	}
 }

@@ -19,6 +19,7 @@ type ownerMetadata struct {
 	Name    string   `xml:"name,attr"`
 	UUID    string   `xml:"uuid,attr"`
 	Managed string   `xml:"managed-by,attr"`
+	Dir     string   `xml:"dir,attr,omitempty"` // the instance directory, absolute
 	Warning string   `xml:"note"`
 }
 
@@ -29,6 +30,7 @@ func metadataXML(p Params) (string, error) {
 		Name:    p.Name,
 		UUID:    p.UUID,
 		Managed: "abox",
+		Dir:     p.InstanceDir,
 		Warning: "managed by abox; edits are overwritten on the next abox create or start",
 	})
 	if err != nil {

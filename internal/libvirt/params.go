@@ -55,6 +55,11 @@ type Params struct {
 	SeedISOPath   string // absolute path of the cloud-init NoCloud ISO
 	SerialLogPath string // absolute path the serial console is written to
 
+	// InstanceDir is the instance's directory (absolute). Optional for
+	// the builders; a user template's sockets must lie in its run/
+	// subdirectory, and the libvirt hook finds the instance by it.
+	InstanceDir string
+
 	// Optional direct kernel boot: Kernel set means boot it instead of
 	// the disk's boot loader; Initrd and Cmdline are then optional too.
 	Kernel  string
@@ -122,6 +127,7 @@ func (p Params) Validate() error {
 		{"serial log path", p.SerialLogPath, false},
 		{"kernel path", p.Kernel, true},
 		{"initrd path", p.Initrd, true},
+		{"instance dir", p.InstanceDir, true},
 	} {
 		if f.path == "" && f.optional {
 			continue

@@ -72,8 +72,43 @@ func TestRenderTemplate(t *testing.T) {
 		{"unconfined qemu", strings.Replace(goodTemplate, "</devices>", "</devices><seclabel type='none'/>", 1), "seclabel"},
 		{"qemu as root", strings.Replace(goodTemplate, "</devices>", "</devices><seclabel type='static' model='dac' relabel='yes'><label>+0:+0</label></seclabel>", 1), "seclabel"},
 		// What a template may still have.
-		{"file serial and pty console", addDevice(`<serial type='file'><source path='/tmp/s.log'/><target port='0'/></serial><console type='pty'><target type='serial' port='0'/></console>`), ""},
-		{"vnc on a socket and loopback", addDevice(`<graphics type='vnc' socket='/run/v.sock'/><graphics type='spice'><listen type='address' address='127.0.0.1'/></graphics>`), ""},
+		{"file serial to the serial log and pty console", addDevice(`<serial type='file'><source path='{{.SerialLogPath}}'/><target port='0'/></serial><console type='pty'><target type='serial' port='0'/></console>`), ""},
+		{"vnc on a socket in the run dir and loopback", addDevice(`<graphics type='vnc' socket='/var/lib/abox/instances/dev/run/v.sock'/><graphics type='spice'><listen type='address' address='127.0.0.1'/></graphics>`), ""},
+		{"virtio channel bound in the run dir", addDevice(`<channel type='unix'><source mode='bind' path='/var/lib/abox/instances/dev/run/monitor.sock'/><target type='virtio' name='org.abox.monitor.0'/></channel>`), ""},
+		{"host emulator", addDevice(`<emulator>/usr/bin/qemu-system-x86_64</emulator>`), ""},
+		{"seed with its format", addDevice(`<disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='{{.SeedISOPath}}'/><target dev='vdb' bus='virtio'/><readonly/></disk>`), ""},
+		// Host files a template may not name (libvirt opens them as root).
+		{"serial file at another path", addDevice(`<serial type='file'><source path='/etc/cron.d/x'/><target port='1'/></serial>`), "<serial> to file \"/etc/cron.d/x\""},
+		{"console file over the allowlist", addDevice(`<console type='file'><source path='/var/lib/abox/instances/dev/allowlist.txt'/><target type='serial' port='0'/></console>`), "<console> to file"},
+		{"channel to a file", addDevice(`<channel type='file'><source path='{{.SerialLogPath}}'/><target type='virtio' name='x'/></channel>`), "<channel> to file"},
+		{"serial log sub-element", addDevice(`<serial type='pty'><log file='/etc/passwd' append='on'/><target port='1'/></serial>`), "<serial> <log>"},
+		{"unix socket connect in the run dir", addDevice(`<channel type='unix'><source mode='connect' path='/var/lib/abox/instances/dev/run/api.sock'/><target type='virtio' name='x'/></channel>`), "<channel> on UNIX socket"},
+		{"unix socket bound outside", addDevice(`<channel type='unix'><source mode='bind' path='/var/lib/abox/instances/dev/run/../allowlist.txt'/><target type='virtio' name='x'/></channel>`), "<channel> on UNIX socket"},
+		{"vnc socket outside the run dir", addDevice(`<graphics type='vnc' socket='/etc/shadow'/>`), "vnc socket"},
+		{"block device disk", addDevice(`<disk type='block' device='disk'><source dev='/dev/sda'/><target dev='vdc' bus='virtio'/></disk>`), "disk 1: only a file source"},
+		{"host directory disk", addDevice(`<disk type='dir' device='disk'><source dir='/home'/><target dev='vdc' bus='virtio'/></disk>`), "disk 1: only a file source"},
+		{"host file as disk", addDevice(`<disk type='file' device='disk'><source file='/etc/shadow'/><target dev='vdc' bus='virtio'/></disk>`), "source file \"/etc/shadow\""},
+		{"allowlist as disk", addDevice(`<disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='/var/lib/abox/instances/dev/allowlist.txt'/><target dev='vdc' bus='virtio'/></disk>`), "source file"},
+		{"raw overlay", strings.Replace(goodTemplate, "<source file='{{.DiskPath}}'/>", "<driver name='qemu' type='raw'/><source file='{{.DiskPath}}'/>", 1), "not raw"},
+		{"explicit backing store", addDevice(`<disk type='file' device='disk'><source file='{{.SeedISOPath}}'/><backingStore type='file'><format type='raw'/><source file='/etc/shadow'/></backingStore><target dev='vdc' bus='virtio'/></disk>`), "<backingStore>"},
+		{"lun passthrough", addDevice(`<disk type='file' device='lun'><source file='{{.SeedISOPath}}'/><target dev='sdc' bus='scsi'/></disk>`), "device \"lun\""},
+		{"nvdimm", addDevice(`<memory model='nvdimm'><source><path>/etc/shadow</path></source><target><size unit='KiB'>524288</size><node>0</node></target></memory>`), "<memory>"},
+		{"virtio-pmem", addDevice(`<memory model='virtio-pmem' access='shared'><source><path>/tmp/pmem</path></source><target><size unit='MiB'>64</size></target></memory>`), "<memory>"},
+		{"pstore", addDevice(`<pstore backend='acpi-erst'><path>/etc/shadow</path><size unit='KiB'>8</size></pstore>`), "<pstore>"},
+		{"nvram device", addDevice(`<nvram><address type='spapr-vio' reg='0x3000'/></nvram>`), "<nvram>"},
+		{"custom emulator", addDevice(`<emulator>/tmp/evil-qemu</emulator>`), "<emulator>/tmp/evil-qemu"},
+		{"fw_cfg blob from a host file", strings.Replace(goodTemplate, "<os>", "<sysinfo type='fwcfg'><entry name='opt/com.example/x' file='/etc/shadow'/></sysinfo><os>", 1), "<sysinfo>"},
+		{"nvram template", strings.Replace(goodTemplate, "<os>", "<os><loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE.fd</loader><nvram template='/etc/shadow'>/var/lib/abox/instances/dev/vars.fd</nvram>", 1), "<loader>"},
+		{"nvram alone", strings.Replace(goodTemplate, "<os>", "<os><nvram template='/etc/shadow'>/tmp/vars.fd</nvram>", 1), "<nvram>"},
+		{"acpi table", strings.Replace(goodTemplate, "<os>", "<os><acpi><table type='slic'>/etc/shadow</table></acpi>", 1), "<acpi>"},
+		{"other kernel", strings.Replace(goodTemplate, "<os>", "<os><kernel>/etc/shadow</kernel>", 1), "<kernel> /etc/shadow"},
+		{"file-backed memory", strings.Replace(goodTemplate, "<os>", "<memoryBacking><source type='file'/></memoryBacking><os>", 1), "<memoryBacking>"},
+		{"interface script", strings.Replace(goodTemplate, "<filterref", "<script path='/tmp/x.sh'/><filterref", 1), "<script>"},
+		{"interface rom file", strings.Replace(goodTemplate, "<filterref", "<rom file='/etc/shadow'/><filterref", 1), "<rom>"},
+		{"interface tap backend", strings.Replace(goodTemplate, "<filterref", "<backend tap='/dev/net/tun' vhost='/dev/vhost-net'/><filterref", 1), "<backend>"},
+		{"filterref parameters", strings.Replace(goodTemplate, "<filterref filter='{{.FilterName}}'/>", "<filterref filter='{{.FilterName}}'><parameter name='IP' value='0.0.0.0'/></filterref>", 1), "without parameters"},
+		{"static dac label", strings.Replace(goodTemplate, "</devices>", "</devices><seclabel type='static' model='dac' relabel='yes'><label>1000:1000</label></seclabel>", 1), "seclabel"},
+		{"lxc domain type", strings.Replace(goodTemplate, "{{.DomainType}}", "lxc", 1), "domain type"},
 		{"emulated tpm, random rng, no audio", addDevice(`<tpm model='tpm-crb'><backend type='emulator' version='2.0'/></tpm><rng model='virtio'><backend model='random'>/dev/urandom</backend></rng><audio id='1' type='none'/>`), ""},
 		{"wrong name", strings.Replace(goodTemplate, "{{.DomainName}}", "other", 1), "domain name"},
 		{"not xml", "hello", "not a libvirt domain"},
@@ -169,5 +204,38 @@ func TestTemplateEscapesValues(t *testing.T) {
 	}
 	if d.OS.Cmdline != p.Cmdline || d.OS.Kernel != "/k" {
 		t.Errorf("kernel/cmdline = %q/%q", d.OS.Kernel, d.OS.Cmdline)
+	}
+}
+
+// TestHardenedDomainPassesTemplateCheck: abox's own domain, given as a
+// template, passes the allow list, so every device abox itself adds (the
+// serial log, the seed, channels in the run directory) stays allowed
+// there, and the check is not looser than needed to allow it.
+func TestHardenedDomainPassesTemplateCheck(t *testing.T) {
+	for _, p := range []Params{testParams(), func() Params {
+		p := testParams()
+		p.Kernel, p.Initrd, p.Cmdline = "/var/lib/abox/images/deb/vmlinuz", "/var/lib/abox/images/deb/initrd.img", "root=/dev/vda"
+		return p
+	}()} {
+		own, err := DomainXML(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := RenderTemplate(own, p); err != nil {
+			t.Errorf("abox's own domain refused as a template: %v", err)
+		}
+	}
+}
+
+// TestTemplateMetadataIsAbox: a template cannot claim to be another
+// instance (the libvirt hook finds the instance by the metadata).
+func TestTemplateMetadataIsAbox(t *testing.T) {
+	tmpl := strings.Replace(goodTemplate, "<memory", `<metadata><instance xmlns="https://github.com/abox-dev/abox/libvirt/v1" name="other" dir="/tmp/fake"/></metadata><memory`, 1)
+	out, _, err := RenderTemplate(tmpl, testParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "/tmp/fake") || !strings.Contains(out, `dir="/var/lib/abox/instances/dev"`) {
+		t.Errorf("metadata not replaced by abox's:\n%s", out)
 	}
 }
