@@ -101,4 +101,3 @@ func RenderTemplate(text string, p Params) (domainXML, warning string, err error
 	}
 	return out, TemplateWarning, nil
 }
-
