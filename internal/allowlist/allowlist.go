@@ -259,6 +259,9 @@ func ParseEntry(s string) (Entry, error) {
 	if !strings.Contains(name, ".") {
 		return Entry{}, fmt.Errorf("%q: a bare top-level domain would allow too much; name a domain below it", s)
 	}
+	if SpecialUse(name) {
+		return Entry{}, fmt.Errorf("%q: names in local and special-use zones (.local, .localhost, .internal, .home.arpa, .lan, ...) are never forwarded upstream, so an entry cannot allow them", s)
+	}
 	if wildcard {
 		ps, _ := publicsuffix.PublicSuffix(name)
 		if ps == name {

@@ -57,13 +57,11 @@ func (p *Proxy) hold(t egress.Target, c net.Conn) (u *liveUse, release func()) {
 // stillAllowed re-applies the name part of the decision path to an open
 // connection's target. Addresses were checked when it was dialled.
 func (p *Proxy) stillAllowed(t egress.Target) bool {
-	if t.Name == policy.HealthcheckName || p.cfg.Policy.Mode() == policy.Passive {
-		return true
-	}
+	mode := p.cfg.Policy.Mode()
 	if t.IsIP() {
-		return false // literals are listed nowhere
+		return mode == policy.Passive // literals are listed nowhere
 	}
-	return p.cfg.Policy.List().MatchNormalized(t.Name).Verdict == allowlist.Allow
+	return policy.Evaluate(p.cfg.Policy.List(), mode, t.Name).Verdict == allowlist.Allow
 }
 
 // watchPolicy closes held connections whose target the policy no longer

@@ -174,7 +174,7 @@ func (e *Engine) Decide(name string) allowlist.Decision {
 // DecideNormalized is Decide for a name returned by allowlist.NormalizeName.
 func (e *Engine) DecideNormalized(n string) allowlist.Decision {
 	l := e.list.Load()
-	if e.passive.Load() && n != HealthcheckName {
+	if e.passive.Load() && n != HealthcheckName && !allowlist.SpecialUse(n) {
 		e.profile.Record(n, l.MatchNormalized(n).Verdict == allowlist.Allow, e.now())
 		return Evaluate(l, Passive, n)
 	}
@@ -182,12 +182,19 @@ func (e *Engine) DecideNormalized(n string) allowlist.Decision {
 }
 
 // Evaluate is the name decision of both filters as a pure function of the
-// list and the mode, recording nothing: healthcheck, then the allowlist, then
-// passive mode's allow. n must come from allowlist.NormalizeName. abox explain
-// uses it to answer without touching the passive profile.
+// list and the mode, recording nothing: healthcheck, then special-use names
+// (blocked in every mode), then the allowlist, then passive mode's allow. n
+// must come from allowlist.NormalizeName. abox explain uses it to answer
+// without touching the passive profile.
 func Evaluate(l *allowlist.List, m Mode, n string) allowlist.Decision {
 	if n == HealthcheckName {
 		return allowlist.Decision{Verdict: allowlist.Allow, Reason: ReasonHealthcheck}
+	}
+	if allowlist.SpecialUse(n) {
+		// No upstream can answer it honestly, and the host's own resolver
+		// (mDNS, systemd-resolved, the LAN's router) would answer for the
+		// host's network.
+		return allowlist.Decision{Verdict: allowlist.Block, Reason: allowlist.ReasonSpecialUse}
 	}
 	d := l.MatchNormalized(n) // a nil list allows nothing
 	if m == Passive && d.Verdict == allowlist.Block {

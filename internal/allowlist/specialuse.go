@@ -1,0 +1,36 @@
+package allowlist
+
+import "strings"
+
+// ReasonSpecialUse: a single-label name, or a name in a local or special-use
+// namespace. Such a name means something only on some host's own network or
+// resolver (mDNS, systemd-resolved's _gateway, a home router, a corporate
+// resolver), so it is never forwarded upstream and never allowed, in any mode.
+const ReasonSpecialUse = "special_use_name"
+
+// specialUse are the zones below which no name is forwarded: RFC 6761's
+// localhost, RFC 6762 (local), RFC 7686 (onion),
+// RFC 8375 (home.arpa), RFC 9476 (alt), RFC 9462 (resolver.arpa), RFC 8880
+// (ipv4only.arpa, synthesised by NAT64 hosts), ICANN's private-use .internal,
+// and the undelegated names home networks and companies use (lan, home,
+// corp, localdomain, intranet, private). RFC 6761's test, example and
+// invalid are not here: no network gives them a local meaning, an upstream
+// answers NXDOMAIN for them, and abox's own tests name their servers so.
+var specialUse = []string{
+	"localhost", "local", "internal", "home.arpa", "onion", "alt", "resolver.arpa", "ipv4only.arpa", "lan", "home", "corp",
+	"localdomain", "intranet", "private",
+}
+
+// SpecialUse reports whether n, a name returned by NormalizeName, is a
+// single-label name or lies in (or is) a special-use zone.
+func SpecialUse(n string) bool {
+	if !strings.Contains(n, ".") {
+		return true // single label: _gateway, wpad, the host's own name
+	}
+	for _, z := range specialUse {
+		if n == z || strings.HasSuffix(n, z) && n[len(n)-len(z)-1] == '.' {
+			return true
+		}
+	}
+	return false
+}
