@@ -36,6 +36,13 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record
 		p.finish(rec)
 		return
 	}
+	use, release := p.hold(t)
+	defer release()
+	if use.revoked.Load() {
+		p.refuse(w, rec, http.StatusForbidden, ReasonRevoked, true)
+		p.finish(rec)
+		return
+	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		rec.err = err
@@ -44,8 +51,14 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record
 		return
 	}
 	defer conn.Close()
-	use, release := p.hold(t, conn)
-	defer release()
+	if !use.attach(conn) {
+		// Revoked between the check and the hijack: nothing was answered
+		// yet, and nothing will be.
+		rec.verdict, rec.reason, rec.status = allowlist.Block, ReasonRevoked, http.StatusForbidden
+		io.WriteString(conn, "HTTP/1.1 403 Forbidden\r\nX-Abox-Reason: "+ReasonRevoked+"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+		p.finish(rec)
+		return
+	}
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		rec.err, rec.status = err, 499
 		p.finish(rec)

@@ -150,8 +150,14 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record
 	var use *liveUse
 	if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
 		var release func()
-		use, release = p.hold(t, c)
+		use, release = p.hold(t)
 		defer release()
+		if !use.attach(c) {
+			// The policy changed while this request was being decided.
+			p.refuse(w, rec, http.StatusForbidden, ReasonRevoked, true)
+			p.finish(rec)
+			return
+		}
 	}
 	p.rp.ServeHTTP(cw, r.WithContext(ctx))
 	if use != nil && use.revoked.Load() {

@@ -401,8 +401,11 @@ type stats struct {
 	tunnels, intercepted, connsRefused, upstreamDials atomic.Uint64
 	bytesFromClients, bytesToClients                  atomic.Uint64
 	tunnelsOpen, connsOpen                            atomic.Int64
-	mu                                                sync.Mutex
-	blocked                                           map[string]uint64
+	// policyChanges counts the allowlist or mode changes whose revocation
+	// pass has run.
+	policyChanges atomic.Uint64
+	mu            sync.Mutex
+	blocked       map[string]uint64
 }
 
 // Stats is the JSON snapshot served by the local API (abox http status).

@@ -29,8 +29,30 @@ type connKey struct{}
 // that allowed it for as long as it kept moving bytes.
 type liveUse struct {
 	t       egress.Target
-	c       net.Conn
 	revoked atomic.Bool
+	mu      sync.Mutex
+	c       net.Conn // nil until attach
+}
+
+// attach gives u the connection to close on revocation. It reports false,
+// and closes nothing, when u was revoked before: the caller refuses.
+func (u *liveUse) attach(c net.Conn) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.revoked.Load() {
+		return false
+	}
+	u.c = c
+	return true
+}
+
+func (u *liveUse) revoke() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.revoked.Store(true)
+	if u.c != nil {
+		u.c.Close()
+	}
 }
 
 type liveSet struct {
@@ -38,15 +60,22 @@ type liveSet struct {
 	m  map[*liveUse]struct{}
 }
 
-// hold registers c as carrying traffic for t until release is called.
-func (p *Proxy) hold(t egress.Target, c net.Conn) (u *liveUse, release func()) {
-	u = &liveUse{t: t, c: c}
+// hold registers a use of t until release is called, then re-applies the
+// policy: a decision taken (or a lookup still running) when the policy
+// changed may have been missed by the pass that closed everything else, so
+// a use the policy in force no longer allows starts revoked. The order
+// matters: registered first, any later change finds it.
+func (p *Proxy) hold(t egress.Target) (u *liveUse, release func()) {
+	u = &liveUse{t: t}
 	p.live.mu.Lock()
 	if p.live.m == nil {
 		p.live.m = map[*liveUse]struct{}{}
 	}
 	p.live.m[u] = struct{}{}
 	p.live.mu.Unlock()
+	if !p.stillAllowed(t) {
+		u.revoke()
+	}
 	return u, func() {
 		p.live.mu.Lock()
 		delete(p.live.m, u)
@@ -82,6 +111,7 @@ func (p *Proxy) watchPolicy(ctx context.Context) {
 		}
 		list, mode = l, m
 		p.revokeStale()
+		p.stats.policyChanges.Add(1)
 	}
 }
 
@@ -95,8 +125,7 @@ func (p *Proxy) revokeStale() {
 	}
 	p.live.mu.Unlock()
 	for _, u := range stale {
-		u.revoked.Store(true)
 		p.log.Info("closing a connection the policy no longer allows", "host", u.t.Host(), "port", int(u.t.Port), "reason", ReasonRevoked)
-		u.c.Close()
+		u.revoke()
 	}
 }
