@@ -181,6 +181,16 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 		code := dns.ExtendedErrorCodeNetworkError
 		return refusal(req, dns.RcodeServerFailure, code, d.reason), d
 	}
+	if !cached {
+		// The policy may have changed while the upstream answered (an entry
+		// removed, a switch to active mode): the answer goes out under the
+		// policy in force now, never the one the query started under.
+		if now := policy.Evaluate(s.pol.List(), s.pol.Mode(), n); now.Verdict != allowlist.Allow {
+			s.st.blocked.Add(1)
+			d.verdict, d.reason, d.rule, d.rcode = now.Verdict, now.Reason, now.Rule, dns.RcodeNameError
+			return blocked(req, now), d
+		}
+	}
 	if e.blockClass != "" {
 		s.st.blocked.Add(1)
 		s.st.rebinding.Add(1)

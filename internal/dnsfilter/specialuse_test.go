@@ -3,10 +3,12 @@ package dnsfilter_test
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 
 	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/policy"
 )
 
 // TestSpecialUseNeverForwarded: single-label names and names in local or
@@ -66,6 +68,54 @@ func TestHealthcheckExactName(t *testing.T) {
 			}
 			if h.up.Count() != before {
 				t.Errorf("forwarded although not allowlisted")
+			}
+		})
+	}
+}
+
+// TestPolicyChangeDuringLookup: a query allowed when it started is answered
+// under the policy in force when its upstream answer arrives: NXDOMAIN if
+// the entry was removed (or the mode switched to active) meanwhile.
+func TestPolicyChangeDuringLookup(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		passive bool
+		change  func(h *harness) error
+	}{
+		{"entry removed", false, func(h *harness) error { _, err := h.pol.Remove("slow.example.org"); return err }},
+		{"passive to active", true, func(h *harness) error { h.pol.SetMode(policy.Active); return nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := start(t, harnessOptions{passive: tc.passive, allowlist: "example.com\nslow.example.org\n"})
+			if tc.passive {
+				if _, err := h.pol.Remove("slow.example.org"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			started, release := make(chan struct{}, 1), make(chan struct{})
+			h.up.Handle("slow.example.org", func(req *dns.Msg) *dns.Msg {
+				started <- struct{}{}
+				<-release
+				m := new(dns.Msg)
+				m.SetReply(req)
+				rr, _ := dns.NewRR("slow.example.org. 60 IN A 93.184.215.99")
+				m.Answer = []dns.RR{rr}
+				return m
+			})
+			got := make(chan *dns.Msg, 1)
+			go func() { got <- h.ask(t, "slow.example.org", dns.TypeA) }()
+			select {
+			case <-started:
+			case <-time.After(5 * time.Second):
+				t.Fatal("query never reached the upstream")
+			}
+			if err := tc.change(h); err != nil {
+				t.Fatal(err)
+			}
+			close(release)
+			r := <-got
+			if rcode(r) != "NXDOMAIN" || len(r.Answer) != 0 {
+				t.Errorf("rcode %s answer %v, want NXDOMAIN: the answer outlived the policy change", rcode(r), r.Answer)
 			}
 		})
 	}
