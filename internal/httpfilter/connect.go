@@ -147,20 +147,20 @@ func sniMatches(sni string, t egress.Target) bool {
 }
 
 // tunnel relays bytes after checking that the ClientHello names the CONNECT
-// host; a missing or different SNI closes the tunnel before any byte leaves.
+// host and hides no other (ECH, ESNI); a missing or different SNI closes the
+// tunnel before any byte leaves. When the server answers with a
+// HelloRetryRequest, the client's second ClientHello is checked the same way
+// before it is relayed: it must name the same server.
 func (p *Proxy) tunnel(ctx context.Context, client net.Conn, checked *egress.Checked, rec *record) {
 	client.SetReadDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
 	hello, raw, err := peekClientHello(client)
 	client.SetReadDeadline(time.Time{})
-	switch {
-	case err != nil:
+	if err != nil {
 		rec.verdict, rec.reason, rec.err = allowlist.Block, ReasonNotTLS, err
 		return
-	case hello.ServerName == "":
-		rec.verdict, rec.reason = allowlist.Block, ReasonSNIMissing
-		return
-	case !sniMatches(hello.ServerName, checked.Target):
-		rec.verdict, rec.reason, rec.sni = allowlist.Block, ReasonSNIMismatch, hello.ServerName
+	}
+	if reason := helloRefusal(hello, checked.Target); reason != "" {
+		rec.verdict, rec.reason, rec.sni = allowlist.Block, reason, hello.ServerName
 		return
 	}
 	rec.sni = hello.ServerName
@@ -179,6 +179,38 @@ func (p *Proxy) tunnel(ctx context.Context, client net.Conn, checked *egress.Che
 		return
 	}
 	rec.up = int64(len(raw))
+	upc.SetReadDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
+	sh, hrr, err := readServerHello(upc)
+	upc.SetReadDeadline(time.Time{})
+	if _, werr := client.Write(sh); werr != nil || err != nil {
+		rec.err = errors.Join(err, werr)
+		rec.down = int64(len(sh))
+		return
+	}
+	rec.down = int64(len(sh))
+	if hrr {
+		client.SetReadDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
+		var h2 *tls.ClientHelloInfo
+		h2, raw, client, err = secondHello(client)
+		client.SetReadDeadline(time.Time{})
+		if err != nil {
+			rec.verdict, rec.reason, rec.err = allowlist.Block, ReasonNotTLS, err
+			return
+		}
+		if reason := helloRefusal(h2, checked.Target); reason != "" {
+			rec.verdict, rec.reason, rec.sni = allowlist.Block, reason, h2.ServerName
+			return
+		}
+		if !sameServer(hello, h2) {
+			rec.verdict, rec.reason, rec.sni = allowlist.Block, ReasonHelloRetryChanged, h2.ServerName
+			return
+		}
+		if _, err := upc.Write(raw); err != nil {
+			rec.err = err
+			return
+		}
+		rec.up += int64(len(raw))
+	}
 	ab, ba := pipe(client, upc)
 	rec.up += ab
 	rec.down += ba
