@@ -20,7 +20,8 @@ set -eu
 #   tcpdump                           `abox tap` and e2e assertions
 #   tshark dnsutils                   decrypting captures with the TLS key log (tests); dig for the DNS demo
 #   iproute2 util-linux procps        ip netns, unshare, pkill-free process inspection in e2e
-#   openssh-client                    `abox ssh` and e2e probes into the guest
+#   openssh-client                    `abox ssh`, `abox scp`, forwards and e2e probes into the guest
+#   sshfs                             `abox mount` (guest directories on the host over the instance's SSH)
 #   ca-certificates curl              pulling images and test clients
 PACKAGES="
 qemu-system-x86
@@ -40,6 +41,7 @@ iproute2
 util-linux
 procps
 openssh-client
+sshfs
 ca-certificates
 curl
 "

@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/abox-dev/abox/internal/cloudinit"
+	"github.com/abox-dev/abox/internal/guest"
 	"github.com/abox-dev/abox/internal/hostfw"
 	"github.com/abox-dev/abox/internal/image"
 	"github.com/abox-dev/abox/internal/instance"
@@ -56,6 +57,7 @@ func (e *env) manager(ctx context.Context) (*instance.Manager, func(), error) {
 		Seeds:      seedWriter{},
 		Progress:   e.stderr,
 		Pool:       os.Getenv(EnvPool),
+		Access:     guest.Access{Layout: l, Exe: exe, Progress: e.stderr},
 	}
 	return m, func() { hv.Close() }, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/abox-dev/abox/internal/api"
+	"github.com/abox-dev/abox/internal/guest"
 	"github.com/abox-dev/abox/internal/paths"
 )
 
@@ -68,6 +69,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return ce.code
 	}
 	fmt.Fprintf(stderr, "abox: %v\n", err)
+	// A guest program's status (a provisioning script, scp) is abox's.
+	var ge *guest.ExitError
+	if errors.As(err, &ge) && ge.Code > 0 {
+		return ge.Code
+	}
 	var he *hintError
 	if errors.As(err, &he) && he.hint != "" {
 		fmt.Fprintf(stderr, "hint: %s\n", he.hint)
@@ -106,6 +112,11 @@ instance.`,
 		newListCmd(e),
 		newStatusCmd(e),
 		newSSHCmd(e),
+		newSCPCmd(e),
+		newProvisionCmd(e),
+		newForwardCmd(e),
+		newMountCmd(e),
+		newUnmountCmd(e),
 		newBaseCmd(e),
 		newDaemonCmd(e),
 		newVersionCmd(e),

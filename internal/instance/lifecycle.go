@@ -94,7 +94,19 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 	if err := m.Hypervisor.StartDomain(ctx, dom); err != nil {
 		return err
 	}
+	m.resumeAccess(ctx, name)
 	return nil
+}
+
+// resumeAccess brings the recorded forwards back; a forward that cannot
+// start does not undo a started instance, it is reported.
+func (m *Manager) resumeAccess(ctx context.Context, name string) {
+	if m.Access == nil {
+		return
+	}
+	if err := m.Access.Resume(ctx, name); err != nil {
+		m.progress("warning: starting %s: forwards: %v", name, err)
+	}
 }
 
 // StopOptions tunes Stop.
@@ -125,6 +137,12 @@ func (m *Manager) stopLocked(ctx context.Context, name string, o StopOptions) er
 	}
 	dom := libvirt.DomainName(name)
 	var errs []error
+	// Mounts and forwards first: they end in the guest's sshd.
+	if m.Access != nil {
+		if err := m.Access.Release(ctx, name); err != nil {
+			errs = append(errs, fmt.Errorf("releasing mounts and forwards: %w", err))
+		}
+	}
 	state, err := m.Hypervisor.State(ctx, dom)
 	if err != nil && !errors.Is(err, libvirt.ErrNotFound) {
 		errs = append(errs, err)
@@ -190,6 +208,11 @@ func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
 	}
 	var errs []error
 	m.progress("removing %s", name)
+	if m.Access != nil {
+		if err := m.Access.Release(ctx, name); err != nil {
+			errs = append(errs, fmt.Errorf("releasing mounts and forwards: %w", err))
+		}
+	}
 	if err := m.Hypervisor.UndefineDomain(ctx, dom); err != nil {
 		errs = append(errs, err)
 	}

@@ -72,6 +72,16 @@ type Manager struct {
 	Progress io.Writer
 	// Pool is the address pool instance /24s are taken from.
 	Pool string
+	// Access resumes an instance's port forwards after start and releases
+	// forwards and mounts before stop and remove; optional.
+	Access Access
+}
+
+// Access is what start, stop and remove do to the host-side ends of an
+// instance's guest access (port forwards, sshfs mounts).
+type Access interface {
+	Resume(ctx context.Context, name string) error
+	Release(ctx context.Context, name string) error
 }
 
 func (m *Manager) progress(format string, args ...any) {

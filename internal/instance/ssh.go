@@ -21,11 +21,29 @@ import (
 // pinned known_hosts either (UpdateHostKeys), and the system-wide
 // known_hosts plays no part.
 func SSHArgs(l paths.Layout, st State, command []string) ([]string, error) {
+	args, err := SSHOptions(l, st)
+	if err != nil {
+		return nil, err
+	}
+	args = append(args, SSHDestination(st))
+	if len(command) > 0 {
+		args = append(args, "--")
+		args = append(args, command...)
+	}
+	return args, nil
+}
+
+// SSHDestination is the user@address ssh, scp and sshfs log in to.
+func SSHDestination(st State) string { return st.User + "@" + st.GuestIP.String() }
+
+// SSHOptions returns the hardened options of SSHArgs without the
+// destination, for the tools that take ssh options (scp, sshfs, a forward).
+func SSHOptions(l paths.Layout, st State) ([]string, error) {
 	f := FilesOf(l, st.Name)
 	if _, err := os.Stat(f.SSHKey); err != nil {
 		return nil, fmt.Errorf("instance %s has no ssh key: %w", st.Name, err)
 	}
-	args := []string{
+	return []string{
 		"-i", f.SSHKey,
 		"-o", "IdentitiesOnly=yes",
 		"-o", "UserKnownHostsFile=" + f.KnownHosts,
@@ -48,11 +66,5 @@ func SSHArgs(l paths.Layout, st State, command []string) ([]string, error) {
 		"-o", "PermitLocalCommand=no",
 		"-o", "ConnectTimeout=10",
 		"-o", "LogLevel=ERROR",
-		st.User + "@" + st.GuestIP.String(),
-	}
-	if len(command) > 0 {
-		args = append(args, "--")
-		args = append(args, command...)
-	}
-	return args, nil
+	}, nil
 }
