@@ -13,6 +13,7 @@ require (
 	golang.org/x/crypto v0.58.0
 	golang.org/x/net v0.62.0
 	golang.org/x/sync v0.25.0
+	gopkg.in/natefinch/lumberjack.v2 v2.2.1
 	libvirt.org/go/libvirtxml v1.12008.0
 )
 

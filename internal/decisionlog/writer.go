@@ -34,6 +34,13 @@ type Config struct {
 	MaxWait time.Duration
 	// Now is the clock of the overflow report line; nil means time.Now.
 	Now func() time.Time
+	// RefusalsPerClient is how many refusal lines (EmitRefusal) one client
+	// may write per FloodInterval (DefaultRefusalsPerClient if 0, no limit
+	// if < 0); the rest are counted into one "refusals aggregated" line per
+	// client and interval.
+	RefusalsPerClient int
+	// FloodInterval is the aggregation interval (DefaultFloodInterval if <= 0).
+	FloodInterval time.Duration
 }
 
 // Stats are a Writer's counters since New.
@@ -48,6 +55,12 @@ type Stats struct {
 	Waits uint64 `json:"waits"`
 	// WriteErrors counts failed writes of a batch to a sink.
 	WriteErrors uint64 `json:"write_errors"`
+	// Suppressed counts refusal lines folded into "refusals aggregated" lines.
+	Suppressed uint64 `json:"suppressed"`
+	// LastError is the last error of a sink (a full disk, say) and
+	// LastErrorAt its time; empty once a later batch was written to every sink.
+	LastError   string    `json:"last_error,omitempty"`
+	LastErrorAt time.Time `json:"last_error_at,omitzero"`
 }
 
 // Writer queues whole JSON lines and writes them to its sinks in batches
@@ -92,7 +105,16 @@ type Writer struct {
 	// err is the last error of a sink; written by the flusher only, read after done.
 	err error
 
-	lines, dropped, waits, writeErrors atomic.Uint64
+	lines, dropped, waits, writeErrors, suppressed atomic.Uint64
+	// lastErr is the sink error of the last batch, nil when it was written.
+	lastErr atomic.Pointer[sinkError]
+	// flood aggregates refusal floods; nil when RefusalsPerClient < 0.
+	flood *flood
+}
+
+type sinkError struct {
+	msg string
+	at  time.Time
 }
 
 // New starts a Writer; Close stops it.
@@ -120,6 +142,16 @@ func New(cfg Config) *Writer {
 	if w.now == nil {
 		w.now = time.Now
 	}
+	if cfg.RefusalsPerClient >= 0 {
+		budget, iv := cfg.RefusalsPerClient, cfg.FloodInterval
+		if budget == 0 {
+			budget = DefaultRefusalsPerClient
+		}
+		if iv <= 0 {
+			iv = DefaultFloodInterval
+		}
+		w.flood = newFlood(budget, iv)
+	}
 	go w.run()
 	return w
 }
@@ -129,6 +161,19 @@ func New(cfg Config) *Writer {
 func (w *Writer) Emit(l *Line) {
 	w.enqueue(l.finish())
 	l.Free()
+}
+
+// EmitRefusal is Emit for the line of a refused request or query from
+// client (an address, without port): within the client's budget it is
+// written, past it counted under reason into the client's "refusals
+// aggregated" line.
+func (w *Writer) EmitRefusal(client, reason string, l *Line) {
+	if w.flood != nil && !w.flood.admit(client, reason, w.now()) {
+		w.suppressed.Add(1)
+		l.Free()
+		return
+	}
+	w.Emit(l)
 }
 
 // Write queues p, which must be whole lines ending in a newline. It never
@@ -229,15 +274,30 @@ func (w *Writer) Close() error {
 
 // Stats returns the counters.
 func (w *Writer) Stats() Stats {
-	return Stats{Lines: w.lines.Load(), Dropped: w.dropped.Load(), Waits: w.waits.Load(), WriteErrors: w.writeErrors.Load()}
+	st := Stats{Lines: w.lines.Load(), Dropped: w.dropped.Load(), Waits: w.waits.Load(), WriteErrors: w.writeErrors.Load(), Suppressed: w.suppressed.Load()}
+	if e := w.lastErr.Load(); e != nil {
+		st.LastError, st.LastErrorAt = e.msg, e.at
+	}
+	return st
 }
 
 func (w *Writer) run() {
 	defer close(w.done)
 	t := time.NewTimer(w.interval)
 	t.Stop()
+	var floodTick <-chan time.Time
+	if w.flood != nil {
+		tk := time.NewTicker(w.flood.interval)
+		defer tk.Stop()
+		floodTick = tk.C
+	}
 	for {
 		select {
+		case <-floodTick:
+			for _, l := range w.flood.summaries(w.now()) {
+				w.enqueue(l)
+			}
+			continue
 		case <-w.kick:
 			if w.urgent() {
 				break
@@ -256,6 +316,7 @@ func (w *Writer) run() {
 				continue
 			case <-w.stop:
 				t.Stop()
+				w.flushFlood()
 				w.flush()
 				return
 			}
@@ -264,10 +325,23 @@ func (w *Writer) run() {
 			close(c)
 			continue
 		case <-w.stop:
+			w.flushFlood()
 			w.flush()
 			return
 		}
 		w.flush()
+	}
+}
+
+// flushFlood queues the aggregate lines still open, at Close.
+func (w *Writer) flushFlood() {
+	if w.flood == nil {
+		return
+	}
+	for _, l := range w.flood.summaries(w.now().Add(w.flood.interval)) {
+		w.mu.Lock()
+		w.pending = append(w.pending, l...)
+		w.mu.Unlock()
 	}
 }
 
@@ -298,12 +372,15 @@ func (w *Writer) flush() {
 		l.Free()
 	}
 	if len(batch) > 0 {
+		var failed *sinkError
 		for _, s := range w.sinks {
 			if _, err := s.Write(batch); err != nil {
 				w.writeErrors.Add(1)
 				w.err = err
+				failed = &sinkError{msg: err.Error(), at: w.now()}
 			}
 		}
+		w.lastErr.Store(failed)
 	}
 	if cap(batch) > 2*w.maxBytes {
 		batch = nil // a burst of large lines; do not keep it

@@ -356,6 +356,10 @@ func (s *Server) logDecision(client netip.Addr, d decision) {
 	if d.err != nil {
 		l.String("error", d.err.Error())
 	}
+	if d.verdict == allowlist.Block {
+		s.dlog.EmitRefusal(client.String(), d.reason, l)
+		return
+	}
 	s.dlog.Emit(l)
 }
 

@@ -319,6 +319,10 @@ type Stats struct {
 	// LogWriteErrors failed writes to them.
 	LogDropped     uint64 `json:"log_dropped"`
 	LogWriteErrors uint64 `json:"log_write_errors"`
+	// LogSuppressed counts refusal lines folded into "refusals aggregated"
+	// lines, and LogError is the log's last write error (a full disk).
+	LogSuppressed uint64 `json:"log_suppressed"`
+	LogError      string `json:"log_error,omitempty"`
 }
 
 // Stats implements daemon.Service.
@@ -350,6 +354,7 @@ func (s *Server) Snapshot() Stats {
 	if s.dlog != nil {
 		ls := s.dlog.Stats()
 		st.LogDropped, st.LogWriteErrors = ls.Dropped, ls.WriteErrors
+		st.LogSuppressed, st.LogError = ls.Suppressed, ls.LastError
 	}
 	if u, ok := s.up.(interface{ Servers() []string }); ok {
 		st.Upstreams = u.Servers()

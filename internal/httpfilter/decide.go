@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -136,6 +137,16 @@ func (p *Proxy) finish(r *record) {
 		p.stats.upstreamErrors.Add(1)
 	}
 	if p.lines != nil {
+		if r.verdict == allowlist.Block {
+			// A guest looping on a refused request is aggregated per
+			// client address (its port changes with every connection).
+			client := r.client
+			if ap, err := netip.ParseAddrPort(client); err == nil {
+				client = ap.Addr().String()
+			}
+			p.lines.EmitRefusal(client, r.reason, r.line(time.Now()))
+			return
+		}
 		p.lines.Emit(r.line(time.Now()))
 		return
 	}

@@ -428,6 +428,9 @@ type Stats struct {
 	KeyLog          bool              `json:"keylog"`
 	CertsCached     int               `json:"certs_cached"`
 	Listen          string            `json:"listen"`
+	// Log is the decision log's state (lines, drops, refusals aggregated,
+	// the last write error such as a full disk); nil without Decisions.
+	Log *decisionlog.Stats `json:"log,omitempty"`
 }
 
 // Stats implements api.Component. Byte counts include closed connections only.
@@ -449,6 +452,10 @@ func (p *Proxy) Stats() any {
 		KeyLog:         p.KeyLogEnabled(),
 		CertsCached:    p.cfg.CA.CachedLeaves(),
 		Listen:         p.Addr().String(),
+	}
+	if p.lines != nil {
+		ls := p.lines.Stats()
+		s.Log = &ls
 	}
 	p.stats.mu.Lock()
 	s.BlockedByReason = make(map[string]uint64, len(p.stats.blocked))

@@ -1,0 +1,195 @@
+package decisionlog
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time          { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+func refusal(w *Writer, client, reason string, i int) {
+	l := NewLine(time.Now(), slog.LevelInfo, "dns")
+	l.String("client", client).String("reason", reason).Int("i", int64(i))
+	w.EmitRefusal(client, reason, l)
+}
+
+// TestRefusalFloodAggregated: one client's flood of refusals writes its
+// budget of lines and then one "refusals aggregated" line carrying the
+// count per reason; another client's refusals in the same interval are
+// written as usual. 100000 refusals cost a few kilobytes, not megabytes.
+func TestRefusalFloodAggregated(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	s := &sink{}
+	w := New(Config{Sinks: []io.Writer{s}, RefusalsPerClient: 5, FloodInterval: time.Hour, Now: clk.now})
+	for i := range 100000 {
+		reason := "not_allowlisted"
+		if i%4 == 0 {
+			reason = "sni_mismatch"
+		}
+		refusal(w, "10.10.7.2", reason, i)
+	}
+	for i := range 3 {
+		refusal(w, "10.10.8.2", "not_allowlisted", i)
+	}
+	clk.advance(time.Hour)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var flooder, other int
+	var summary map[string]any
+	for _, l := range s.lines(t) {
+		switch {
+		case l["msg"] == "refusals aggregated":
+			if summary != nil {
+				t.Errorf("two aggregate lines: %v and %v", summary, l)
+			}
+			summary = l
+		case l["client"] == "10.10.7.2":
+			flooder++
+		case l["client"] == "10.10.8.2":
+			other++
+		}
+	}
+	if flooder != 5 || other != 3 {
+		t.Errorf("lines written: flooder %d (want its budget, 5), other %d (want 3)", flooder, other)
+	}
+	if summary == nil {
+		t.Fatal("no aggregate line")
+	}
+	if summary["client"] != "10.10.7.2" || summary["suppressed"] != float64(100000-5) || summary["level"] != "WARN" {
+		t.Errorf("aggregate line %v, want client 10.10.7.2 suppressed %d", summary, 100000-5)
+	}
+	if r, _ := summary["reasons"].(string); !strings.Contains(r, "not_allowlisted=") || !strings.Contains(r, "sni_mismatch=") {
+		t.Errorf("aggregate reasons %q, want counts per reason", r)
+	}
+	if st := w.Stats(); st.Suppressed != 100000-5 {
+		t.Errorf("stats suppressed %d, want %d", st.Suppressed, 100000-5)
+	}
+	if n := s.b.Len(); n > 16<<10 {
+		t.Errorf("the flood wrote %d bytes", n)
+	}
+}
+
+// TestRefusalBudgetPerInterval: the budget is per interval: after the
+// aggregate line, the next interval writes lines again.
+func TestRefusalBudgetPerInterval(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	s := &sink{}
+	w := New(Config{Sinks: []io.Writer{s}, RefusalsPerClient: 2, FloodInterval: 20 * time.Millisecond, Now: clk.now})
+	for i := range 10 {
+		refusal(w, "c", "r", i)
+	}
+	clk.advance(time.Second)
+	// Wait for the aggregation tick to close the window.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		w.Sync()
+		if strings.Contains(s.String(), "refusals aggregated") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no aggregate line after the interval")
+		}
+	}
+	for i := range 10 {
+		refusal(w, "c", "r", 100+i)
+	}
+	w.Close()
+	var written int
+	for _, l := range s.lines(t) {
+		if l["msg"] == "dns" {
+			written++
+		}
+	}
+	if written != 4 {
+		t.Errorf("%d refusal lines written over two intervals, want 2+2", written)
+	}
+}
+
+func (s *sink) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestSinkErrorInStats: a failing sink (a full disk) shows in Stats with
+// its error until a batch is written again.
+func TestSinkErrorInStats(t *testing.T) {
+	s := &sink{err: errors.New("no space left on device")}
+	w := New(Config{Sinks: []io.Writer{s}})
+	defer w.Close()
+	emitN(w, 0, 3)
+	w.Sync()
+	if st := w.Stats(); !strings.Contains(st.LastError, "no space left") || st.LastErrorAt.IsZero() {
+		t.Errorf("stats %+v, want the sink's error", st)
+	}
+	s.mu.Lock()
+	s.err = nil
+	s.mu.Unlock()
+	emitN(w, 0, 1)
+	w.Sync()
+	if st := w.Stats(); st.LastError != "" {
+		t.Errorf("stats %+v after a good write, want no error", st)
+	}
+}
+
+// TestOpenFileRotates: a decision log file is rotated at its size cap and
+// only the configured backups are kept, so however much a guest logs, the
+// directory holds at most (backups+1) x cap.
+func TestOpenFileRotates(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "logs", "http.log")
+	f, err := OpenFile(path, FileConfig{MaxMB: 1, Backups: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := New(Config{Sinks: []io.Writer{f}, RefusalsPerClient: -1})
+	line := strings.Repeat("x", 1000)
+	for i := range 8000 { // ~8 MB
+		l := NewLine(time.Now(), slog.LevelInfo, "request")
+		l.Int("i", int64(i)).String("pad", line)
+		w.Emit(l)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	var files []string
+	var total int64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ents, _ := os.ReadDir(filepath.Dir(path))
+		files, total = nil, 0
+		for _, e := range ents {
+			fi, _ := e.Info()
+			files = append(files, e.Name())
+			total += fi.Size()
+			if fi.Mode().Perm() != 0o600 {
+				t.Errorf("%s mode %v, want 0600", e.Name(), fi.Mode().Perm())
+			}
+		}
+		if len(files) <= 3 || time.Now().After(deadline) {
+			break // old backups are removed in the background
+		}
+	}
+	if len(files) > 3 {
+		t.Errorf("%d files %v, want the log and at most 2 backups", len(files), files)
+	}
+	if total > 3*(1<<20)+(2<<20) {
+		t.Errorf("logs take %d bytes, want at most about 3 MB", total)
+	}
+	if st, _ := os.Stat(filepath.Dir(path)); st.Mode().Perm() != 0o700 {
+		t.Errorf("log directory mode %v, want 0700", st.Mode().Perm())
+	}
+}
