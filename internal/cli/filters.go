@@ -97,9 +97,15 @@ func renderStatus(w io.Writer, st api.Status, component string, stats any) {
 	if st.Allowlist.LastError != "" {
 		fmt.Fprintf(tw, "last reload error:\t%s (at %s)\n", st.Allowlist.LastError, st.Allowlist.LastErrorAt.Format(time.RFC3339))
 	}
+	if st.Allowlist.Unsaved != "" {
+		fmt.Fprintf(tw, "unsaved allowlist change:\tin force, but the file could not be written: %s (at %s)\n", st.Allowlist.Unsaved, st.Allowlist.UnsavedAt.Format(time.RFC3339))
+	}
 	// Counters arrive as a JSON object; print them flat and sorted.
 	var m map[string]any
 	if b, err := json.Marshal(stats); err == nil && json.Unmarshal(b, &m) == nil {
+		if msg := logTrouble(m); msg != "" {
+			fmt.Fprintf(tw, "decision log error:\t%s\n", msg)
+		}
 		keys := make([]string, 0, len(m))
 		for k := range m {
 			keys = append(keys, k)
@@ -110,6 +116,19 @@ func renderStatus(w io.Writer, st api.Status, component string, stats any) {
 		}
 	}
 	tw.Flush()
+}
+
+// logTrouble is the decision log's last write error in a filter's
+// counters: log_error (DNS) or log.last_error (HTTP).
+func logTrouble(m map[string]any) string {
+	if s, _ := m["log_error"].(string); s != "" {
+		return s
+	}
+	if l, ok := m["log"].(map[string]any); ok {
+		s, _ := l["last_error"].(string)
+		return s
+	}
+	return ""
 }
 
 func newComponentLogsCmd(e *env, component string) *cobra.Command {

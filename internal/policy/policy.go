@@ -78,6 +78,11 @@ type Engine struct {
 	// file-watch reload into an older list.
 	mu     sync.Mutex
 	status atomic.Pointer[ReloadStatus]
+	// unsaved is the change in force that could not be written to the
+	// file; nil when the file holds the list in force. Guarded by mu.
+	unsaved *unsavedChange
+	// writeFile writes the allowlist file atomically; tests replace it.
+	writeFile func(path string, data []byte, perm fs.FileMode) error
 }
 
 // ReloadStatus describes the last reload attempt.
@@ -90,6 +95,11 @@ type ReloadStatus struct {
 	LastError   string    `json:"last_error,omitempty"`
 	LastErrorAt time.Time `json:"last_error_at,omitzero"`
 	Reloads     uint64    `json:"reloads"`
+	// Unsaved is set while the list in force holds a change (allowlist
+	// add or remove) that could not be written to the file, with the
+	// write's error; the change is enforced, but lost on a restart.
+	Unsaved   string    `json:"unsaved,omitempty"`
+	UnsavedAt time.Time `json:"unsaved_at,omitzero"`
 }
 
 // New loads the allowlist and returns an engine in active mode. An invalid
@@ -99,10 +109,11 @@ func New(cfg Config) (*Engine, error) {
 		return nil, errors.New("creating policy: no allowlist path")
 	}
 	e := &Engine{
-		path:    cfg.AllowlistPath,
-		log:     cfg.Logger,
-		now:     cfg.Now,
-		profile: NewProfile(cfg.ProfileLimit),
+		path:      cfg.AllowlistPath,
+		log:       cfg.Logger,
+		now:       cfg.Now,
+		profile:   NewProfile(cfg.ProfileLimit),
+		writeFile: fsutil.WriteFileAtomic,
 	}
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
@@ -216,6 +227,9 @@ func (e *Engine) Reload() error {
 
 func (e *Engine) reloadLocked(trigger string) error {
 	prev := e.status.Load()
+	if err := e.resaveLocked(); err != nil {
+		return err
+	}
 	l, err := e.load()
 	if err != nil {
 		st := *prev
@@ -241,11 +255,7 @@ func (e *Engine) Add(raw ...string) ([]string, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	cur, err := e.load()
-	if err != nil {
-		return nil, fmt.Errorf("adding to allowlist: fix the file first: %w", err)
-	}
-	data, err := os.ReadFile(e.path)
+	data, cur, err := e.baseLocked()
 	if err != nil {
 		return nil, fmt.Errorf("adding to allowlist: %w", err)
 	}
@@ -268,10 +278,7 @@ func (e *Engine) Add(raw ...string) ([]string, error) {
 	if len(added) == 0 {
 		return nil, nil
 	}
-	if err := e.writeLocked(buf.Bytes()); err != nil {
-		return nil, err
-	}
-	return added, e.reloadLocked("add")
+	return added, e.applyLocked("add", buf.Bytes())
 }
 
 // Remove deletes the lines holding the given entries and reloads. Asking to
@@ -283,9 +290,9 @@ func (e *Engine) Remove(raw ...string) ([]string, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	cur, err := e.load()
+	data, cur, err := e.baseLocked()
 	if err != nil {
-		return nil, fmt.Errorf("removing from allowlist: fix the file first: %w", err)
+		return nil, fmt.Errorf("removing from allowlist: %w", err)
 	}
 	drop := map[string]bool{}
 	var missing []string
@@ -297,10 +304,6 @@ func (e *Engine) Remove(raw ...string) ([]string, error) {
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("removing from allowlist: not listed: %s (see abox allowlist list)", strings.Join(missing, ", "))
-	}
-	data, err := os.ReadFile(e.path)
-	if err != nil {
-		return nil, fmt.Errorf("removing from allowlist: %w", err)
 	}
 	var out bytes.Buffer
 	for _, line := range strings.SplitAfter(string(data), "\n") {
@@ -316,15 +319,12 @@ func (e *Engine) Remove(raw ...string) ([]string, error) {
 		}
 		out.WriteString(line)
 	}
-	if err := e.writeLocked(out.Bytes()); err != nil {
-		return nil, err
-	}
 	removed := make([]string, 0, len(drop))
 	for s := range drop {
 		removed = append(removed, s)
 	}
 	sort.Strings(removed)
-	return removed, e.reloadLocked("remove")
+	return removed, e.applyLocked("remove", out.Bytes())
 }
 
 func (e *Engine) writeLocked(data []byte) error {
@@ -332,7 +332,7 @@ func (e *Engine) writeLocked(data []byte) error {
 	if st, err := os.Stat(e.path); err == nil {
 		perm = st.Mode().Perm()
 	}
-	return fsutil.WriteFileAtomic(e.path, data, perm)
+	return e.writeFile(e.path, data, perm)
 }
 
 func parseEntries(raw []string) ([]allowlist.Entry, error) {
