@@ -5,7 +5,7 @@ BIN      := bin/abox
 PKGS     := ./...
 FUZZTIME ?= 10s
 
-.PHONY: all build test unit vet fuzz e2e bench demo demo-dns clean deps
+.PHONY: all build test unit vet fuzz e2e bench bench-boot demo demo-dns clean deps
 
 all: build
 
@@ -37,6 +37,11 @@ test: deps vet unit fuzz e2e
 
 bench: build
 	@sh scripts/bench.sh
+
+# bench-boot: first boot of a new instance in the offline lab (root, TCG):
+# start→SSH, start→ready and the guest's own phases. ROUNDS=N for more.
+bench-boot: deps
+	$(GO) run ./tools/benchboot -rounds $${ROUNDS:-1}
 
 # demo: the main job. Builds the base image (once), starts an instance in an
 # offline lab network and shows what the guest can and cannot reach.

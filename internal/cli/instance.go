@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -89,10 +90,43 @@ own /24, and the libvirt domain with its packet filter. Nothing runs until
 	return cmd
 }
 
+// waitFlags are start's and restart's options for waiting until the guest
+// is ready.
+type waitFlags struct {
+	noWait  bool
+	timeout time.Duration
+}
+
+func addWaitFlags(cmd *cobra.Command, w *waitFlags, timeoutFlag string) {
+	cmd.Flags().BoolVar(&w.noWait, "no-wait", false, "return once the guest is booting, without waiting for SSH and cloud-init")
+	cmd.Flags().DurationVar(&w.timeout, timeoutFlag, instance.DefaultReadyTimeout, "how long to wait for SSH and cloud-init")
+}
+
+// waitReady waits for the guest unless told not to, and says how long the
+// boot took.
+func (w waitFlags) waitReady(cmd *cobra.Command, e *env, m *instance.Manager, name string) error {
+	if w.noWait {
+		fmt.Fprintf(e.stderr, "%s is booting; `abox ssh %s` works once it is up (abox status %s shows when)\n", name, name, name)
+		return nil
+	}
+	fmt.Fprintf(e.stderr, "waiting for %s: ssh and cloud-init (up to %s)\n", name, w.timeout)
+	b, err := m.WaitReady(cmd.Context(), name, w.timeout)
+	if err != nil {
+		return withHint(err, fmt.Sprintf("the guest keeps running: see its console with `tail -f %s`, retry with a longer --timeout, or stop it with `abox stop --force %s`", instance.FilesOf(m.Layout, name).SerialLog, name))
+	}
+	fmt.Fprintf(e.stderr, "%s is ready: ssh answered %s and cloud-init finished %s after start; connect with `abox ssh %s`\n",
+		name, b.SSHAt.Sub(b.StartedAt).Round(100*time.Millisecond), b.ReadyAfter().Round(100*time.Millisecond), name)
+	if len(b.Errors) > 0 {
+		fmt.Fprintf(e.stderr, "warning: cloud-init reported errors in %s: %s\n", name, strings.Join(b.Errors, "; "))
+	}
+	return nil
+}
+
 func newStartCmd(e *env) *cobra.Command {
-	return &cobra.Command{
+	var w waitFlags
+	cmd := &cobra.Command{
 		Use:   "start NAME",
-		Short: "Start an instance: network, host firewall, filters, then the guest",
+		Short: "Start an instance: network, host firewall, filters, then the guest; wait until it answers SSH",
 		Args:  exactArgs(1, "an instance NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, closeFn, err := e.manager(cmd.Context())
@@ -104,10 +138,12 @@ func newStartCmd(e *env) *cobra.Command {
 			if err := m.Start(cmd.Context(), args[0]); err != nil {
 				return notFoundHint(args[0], err)
 			}
-			fmt.Fprintf(e.stderr, "started %s in %s; connect with `abox ssh %s` once it has booted\n", args[0], time.Since(t0).Round(time.Millisecond), args[0])
-			return nil
+			fmt.Fprintf(e.stderr, "started %s in %s\n", args[0], time.Since(t0).Round(time.Millisecond))
+			return w.waitReady(cmd, e, m, args[0])
 		},
 	}
+	addWaitFlags(cmd, &w, "timeout")
+	return cmd
 }
 
 func newStopCmd(e *env) *cobra.Command {
@@ -141,6 +177,7 @@ func addStopFlags(cmd *cobra.Command, o *instance.StopOptions) {
 
 func newRestartCmd(e *env) *cobra.Command {
 	var o instance.StopOptions
+	var w waitFlags
 	cmd := &cobra.Command{
 		Use:   "restart NAME",
 		Short: "Stop then start an instance",
@@ -158,10 +195,11 @@ func newRestartCmd(e *env) *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(e.stderr, "restarted %s\n", args[0])
-			return nil
+			return w.waitReady(cmd, e, m, args[0])
 		},
 	}
 	addStopFlags(cmd, &o)
+	addWaitFlags(cmd, &w, "ready-timeout")
 	return cmd
 }
 
@@ -254,11 +292,27 @@ func newStatusCmd(e *env) *cobra.Command {
 			fmt.Fprintf(tw, "name:\t%s\nstatus:\t%s\nfilters:\t%s\n", i.Name, i.Status, filtersState(i))
 			fmt.Fprintf(tw, "guest:\t%s (user %s)\ngateway:\t%s (dns :53, proxy :%d)\nbridge:\t%s\nmac:\t%s\n", i.GuestIP, i.User, i.Gateway, i.ProxyPort, i.Bridge, i.MAC)
 			fmt.Fprintf(tw, "base:\t%s\nresources:\t%d cpus, %d MiB, %d GiB disk, accel %s\ncreated:\t%s\n", i.Base, i.CPUs, i.MemoryMiB, i.DiskGiB, i.Accel, i.CreatedAt.Format(time.RFC3339))
+			fmt.Fprintf(tw, "last boot:\t%s\n", describeBoot(i.LastBoot))
 			return tw.Flush()
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// describeBoot renders the last boot for status.
+func describeBoot(b instance.Boot) string {
+	switch {
+	case b.StartedAt.IsZero():
+		return "never started"
+	case b.ReadyAt.IsZero():
+		return fmt.Sprintf("started %s, not seen ready (started without waiting, or still booting)", b.StartedAt.Format(time.RFC3339))
+	}
+	s := fmt.Sprintf("ready %s after start (ssh %s), started %s", b.ReadyAfter().Round(100*time.Millisecond), b.SSHAt.Sub(b.StartedAt).Round(100*time.Millisecond), b.StartedAt.Format(time.RFC3339))
+	if len(b.Errors) > 0 {
+		s += fmt.Sprintf("; cloud-init errors: %s", strings.Join(b.Errors, "; "))
+	}
+	return s
 }
 
 func newSSHCmd(e *env) *cobra.Command {

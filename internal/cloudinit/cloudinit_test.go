@@ -90,9 +90,7 @@ func TestUserDataContent(t *testing.T) {
 			LockPasswd bool     `yaml:"lock_passwd"`
 			Keys       []string `yaml:"ssh_authorized_keys"`
 		} `yaml:"users"`
-		CACerts struct {
-			Trusted []string `yaml:"trusted"`
-		} `yaml:"ca_certs"`
+		CACerts    any `yaml:"ca_certs"`
 		WriteFiles []struct {
 			Path    string `yaml:"path"`
 			Content string `yaml:"content"`
@@ -106,15 +104,36 @@ func TestUserDataContent(t *testing.T) {
 		doc.Users[0].Sudo != "ALL=(ALL) NOPASSWD:ALL" || len(doc.Users[0].Keys) != 1 || doc.Users[0].Keys[0] != c.AuthorizedKey {
 		t.Errorf("users = %+v", doc.Users)
 	}
-	if len(doc.CACerts.Trusted) != 1 || strings.TrimSpace(doc.CACerts.Trusted[0]) != strings.TrimSpace(c.CACertPEM) {
-		t.Errorf("ca_certs.trusted = %q", doc.CACerts.Trusted)
+	// The CA goes in by write_files, never by the ca_certs module (which
+	// rebuilds the whole trust store at boot: ~29 s under TCG).
+	if doc.CACerts != nil {
+		t.Errorf("ca_certs = %v, want the module unused", doc.CACerts)
 	}
 	files := map[string]string{}
+	appended := map[string]bool{}
 	for _, f := range doc.WriteFiles {
 		files[f.Path] = f.Content
+		appended[f.Path] = f.Append
 		if f.Path == "/etc/environment" && !f.Append {
 			t.Error("/etc/environment would be overwritten, not appended to")
 		}
+	}
+	cas, err := splitCAs(c.CACertPEM)
+	if err != nil || len(cas) != 1 {
+		t.Fatalf("splitCAs = %v, %v", cas, err)
+	}
+	for _, path := range []string{
+		"/etc/ssl/certs/ca-certificates.crt",
+		"/etc/ssl/certs/" + cas[0].Hash + ".0",
+		"/etc/ssl/certs/abox-instance-0.pem",
+		"/usr/local/share/ca-certificates/abox-instance-0.crt",
+	} {
+		if strings.TrimSpace(files[path]) != strings.TrimSpace(c.CACertPEM) {
+			t.Errorf("%s = %q, want the instance CA", path, files[path])
+		}
+	}
+	if !appended["/etc/ssl/certs/ca-certificates.crt"] {
+		t.Error("the system CA bundle would be replaced by the instance CA, not appended to")
 	}
 	proxy := "http://10.10.5.1:8080"
 	for path, want := range map[string][]string{

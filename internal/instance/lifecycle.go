@@ -94,6 +94,10 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 	if err := m.Hypervisor.StartDomain(ctx, dom); err != nil {
 		return err
 	}
+	// Status shows how long this boot took; WaitReady completes the record.
+	if err := writeBoot(m.Layout, name, Boot{StartedAt: time.Now()}); err != nil {
+		m.progress("starting %s: %v (status will not show the boot time)", name, err)
+	}
 	m.resumeAccess(ctx, name)
 	return nil
 }
@@ -244,6 +248,8 @@ type Info struct {
 	Status string `json:"status"`
 	// DaemonPID is the filter daemon supervisor's pid, 0 when not running.
 	DaemonPID int `json:"daemon_pid"`
+	// LastBoot is the last start and when the guest became ready.
+	LastBoot Boot `json:"last_boot"`
 }
 
 // Describe returns the instance with its live status.
@@ -257,6 +263,8 @@ func (m *Manager) Describe(ctx context.Context, name string) (Info, error) {
 
 func (m *Manager) describe(ctx context.Context, st State) Info {
 	inf := Info{State: st, Status: "unknown", DaemonPID: m.Daemon.PID(st.Name)}
+	// A damaged boot record only loses the figure; status still works.
+	inf.LastBoot, _ = LastBoot(m.Layout, st.Name)
 	if m.Hypervisor != nil {
 		s, err := m.Hypervisor.State(ctx, libvirt.DomainName(st.Name))
 		switch {
