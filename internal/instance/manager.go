@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"time"
 
@@ -72,6 +73,9 @@ type Manager struct {
 	Progress io.Writer
 	// Pool is the address pool instance /24s are taken from.
 	Pool string
+	// DialGuest opens TCP connections to guests (WaitReady's SSH port
+	// check); nil means a plain net.Dialer.
+	DialGuest func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Access resumes an instance's port forwards after start and releases
 	// forwards and mounts before stop and remove; optional.
 	Access Access

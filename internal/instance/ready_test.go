@@ -3,6 +3,7 @@ package instance
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -49,6 +50,24 @@ func startedRig(t *testing.T) (*rig, *sshScript) {
 	}
 	s := &sshScript{base: r.m.Run}
 	r.m.Run = s
+	// The guest's SSH port: a real listener on loopback stands in for it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	r.m.DialGuest = func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, ln.Addr().String())
+	}
 	if err := r.m.Start(context.Background(), "dev"); err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,10 @@ func main() {
 	cpus := flag.Int("cpus", 2, "guest vCPUs")
 	accel := flag.String("accel", "tcg", "accelerator: tcg, kvm or auto")
 	verbose := flag.Bool("v", false, "print the guest's full systemd and cloud-init reports")
+	flag.Func("probe", "a guest command to run after each boot, output printed (repeatable)", func(s string) error {
+		probes = append(probes, s)
+		return nil
+	})
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -40,6 +44,9 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// probes are extra guest commands (-probe), for looking into a phase.
+var probes []string
 
 type round struct {
 	hostSide  time.Duration // abox start invoked → domain started
@@ -123,7 +130,10 @@ func measure(ctx context.Context, l *lab.Lab, name, allow string, cpus int, acce
 	if verbose {
 		fmt.Println(sa)
 		fmt.Println(guest("systemd-analyze critical-chain --no-pager"))
-		fmt.Println(guest("cloud-init analyze blame 2>/dev/null | head -20"))
+		fmt.Println(guest("cloud-init analyze blame 2>&1 | head -20"))
+	}
+	for _, p := range probes {
+		fmt.Printf("guest$ %s\n%s\n", p, guest(p))
 	}
 	return r, nil
 }
