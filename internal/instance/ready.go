@@ -139,6 +139,12 @@ func (m *Manager) WaitReady(ctx context.Context, name string, timeout time.Durat
 	if err != nil {
 		return Boot{}, err
 	}
+	if !boot.ReadyAt.IsZero() && !boot.ReadyAt.Before(boot.StartedAt) {
+		// Start writes a new record for every boot: this one was seen
+		// ready already (start only restarted the filters of a running
+		// guest).
+		return boot, nil
+	}
 	if boot.StartedAt.IsZero() {
 		boot.StartedAt = time.Now()
 	}

@@ -156,3 +156,17 @@ func TestWaitReadyStopsWhenTheGuestDies(t *testing.T) {
 		t.Errorf("took %s: a stopped guest must fail at once, not at the timeout", time.Since(t0))
 	}
 }
+
+func TestWaitReadyKeepsTheRecordOfAGuestAlreadyReady(t *testing.T) {
+	r, s := startedRig(t)
+	s.result = `{"v1": {"errors": []}}`
+	first, err := r.m.WaitReady(context.Background(), "dev", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := s.calls
+	again, err := r.m.WaitReady(context.Background(), "dev", time.Minute)
+	if err != nil || !again.ReadyAt.Equal(first.ReadyAt) || s.calls != calls {
+		t.Errorf("second wait = %+v, %v after %d probes: want the first boot's record, no new probe", again, err, s.calls-calls)
+	}
+}
