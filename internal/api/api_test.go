@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -212,4 +215,39 @@ func TestPeerUIDHelper(t *testing.T) {
 		return
 	}
 	fmt.Printf("ERR %v\n", err)
+}
+
+// TestUnknownPeerRefused: a connection whose peer credentials cannot be read
+// (here TCP, which has none) is refused, not taken for root, and so is a
+// request that reaches the handler without a peer at all.
+func TestUnknownPeerRefused(t *testing.T) {
+	dir := t.TempDir()
+	eng, err := policy.New(policy.Config{AllowlistPath: filepath.Join(dir, "allow.txt")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &Server{Instance: "t1", Policy: eng, AllowedUIDs: []int{-1}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	defer func() { cancel(); <-done }()
+	for _, path := range []string{"/v1/status", "/v1/allowlist"} {
+		resp, err := http.Get("http://" + ln.Addr().String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("GET %s from a peer of unknown uid: %d, want 403", path, resp.StatusCode)
+		}
+	}
+	rec := httptest.NewRecorder()
+	srv.Handler().ServeHTTP(rec, httptest.NewRequest("PUT", "/v1/mode", strings.NewReader(`{"mode":"passive"}`)))
+	if rec.Code != http.StatusForbidden || eng.Mode() != policy.Active {
+		t.Errorf("request without a peer: %d, mode %s; want 403 and active", rec.Code, eng.Mode())
+	}
 }

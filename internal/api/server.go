@@ -128,9 +128,14 @@ func peerUID(c net.Conn) int {
 	return uid
 }
 
+// uidAllowed: root, the server's own uid and AllowedUIDs; never an unknown
+// peer (uid < 0), whatever the lists hold.
 func (s *Server) uidAllowed(uid int) bool {
+	if uid < 0 {
+		return false
+	}
 	if uid == 0 || uid == os.Geteuid() {
-		return uid >= 0
+		return true
 	}
 	for _, a := range s.AllowedUIDs {
 		if a == uid {
@@ -156,7 +161,17 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/keylog", s.getKeyLog)
 	mux.HandleFunc("PUT /v1/keylog", s.setKeyLog)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if uid, ok := r.Context().Value(ctxKey{}).(int); ok && !s.uidAllowed(uid) {
+		// A request whose peer is unknown (credentials unreadable, or a
+		// connection that did not come through Serve) is nobody's: -1.
+		uid, ok := r.Context().Value(ctxKey{}).(int)
+		if !ok {
+			uid = -1
+		}
+		if !s.uidAllowed(uid) {
+			if uid < 0 {
+				writeErr(w, http.StatusForbidden, errors.New("the caller's credentials could not be read"), "connect through the instance's unix socket")
+				return
+			}
 			writeErr(w, http.StatusForbidden, fmt.Errorf("uid %d may not control this instance", uid), "run abox as root or as the user that started it")
 			return
 		}
