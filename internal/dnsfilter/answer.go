@@ -2,6 +2,7 @@ package dnsfilter
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -96,7 +97,8 @@ func buildQuery(name string, qtype uint16, do bool) *dns.Msg {
 }
 
 // check turns an upstream answer into an entry. Every address anywhere in
-// the answer and additional sections (A, AAAA, SVCB/HTTPS hints) is checked,
+// the answer, authority and additional sections (every record type that
+// carries one, see rrAddrs) is checked,
 // including those of records we then strip: an upstream that volunteers a
 // private address for anything is not trusted for the rest. Then only what
 // belongs to the question is kept:
@@ -107,7 +109,7 @@ func buildQuery(name string, qtype uint16, do bool) *dns.Msg {
 //     HTTPS/SVCB, NS); everything else, including upstream OPT, is dropped.
 func (s *Server) check(name string, qtype uint16, r *dns.Msg, now time.Time) *entry {
 	e := &entry{rcode: r.Rcode, ad: r.AuthenticatedData, stored: now}
-	for _, sec := range [][]dns.RR{r.Answer, r.Extra} {
+	for _, sec := range [][]dns.RR{r.Answer, r.Ns, r.Extra} {
 		for _, rr := range sec {
 			for _, a := range rrAddrs(rr) {
 				if c := s.addrs.Check(a); !netclass.Allowed(c) {
@@ -172,8 +174,21 @@ func (s *Server) check(name string, qtype uint16, r *dns.Msg, now time.Time) *en
 
 func (s *Server) clampTTL(ttl uint32) uint32 { return min(max(ttl, s.minTTL), s.maxTTL) }
 
-// rrAddrs returns the addresses a record hands out: A, AAAA and the
-// ipv4hint/ipv6hint of SVCB and HTTPS.
+// Type codes miekg/dns has no struct for, whose data holds an IPv4 or IPv6
+// address: they arrive as RFC 3597 records.
+const (
+	typeWKS = 11 // RFC 1035: an IPv4 address and a port bitmap
+	typeA6  = 38 // RFC 2874, historic: a partial IPv6 address
+)
+
+// rrAddrs returns the addresses a record hands out, of every type that
+// carries one: A, AAAA, the ipv4hint/ipv6hint of SVCB and HTTPS, the
+// gateway of IPSECKEY, the relay of AMTRELAY, the locator of L32 (an IPv4
+// address, RFC 6742), the prefixes of APL (checked by their network
+// address) and WKS. A type that carries an address abox cannot read whole
+// (A6, or WKS or any of these in a form that does not parse) yields the zero
+// Addr, which netclass calls Invalid: the answer is refused, not passed
+// unchecked.
 func rrAddrs(rr dns.RR) []netip.Addr {
 	var ips []net.IP
 	switch v := rr.(type) {
@@ -185,6 +200,33 @@ func rrAddrs(rr dns.RR) []netip.Addr {
 		ips = svcbHints(v.Value)
 	case *dns.HTTPS:
 		ips = svcbHints(v.Value)
+	case *dns.IPSECKEY:
+		if t := v.GatewayType; t == dns.IPSECGatewayIPv4 || t == dns.IPSECGatewayIPv6 {
+			ips = []net.IP{v.GatewayAddr}
+		}
+	case *dns.AMTRELAY:
+		if t := v.GatewayType & 0x7f; t == dns.AMTRELAYIPv4 || t == dns.AMTRELAYIPv6 {
+			ips = []net.IP{v.GatewayAddr}
+		}
+	case *dns.L32:
+		ips = []net.IP{v.Locator32}
+	case *dns.APL:
+		for _, p := range v.Prefixes {
+			ips = append(ips, p.Network.IP)
+		}
+	case *dns.RFC3597:
+		switch v.Hdr.Rrtype {
+		case typeWKS:
+			if b, err := hex.DecodeString(v.Rdata); err == nil && len(b) >= 4 {
+				ips = []net.IP{net.IP(b[:4])}
+			} else {
+				ips = []net.IP{nil}
+			}
+		case typeA6:
+			ips = []net.IP{nil}
+		default:
+			return nil
+		}
 	default:
 		return nil
 	}
