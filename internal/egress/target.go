@@ -234,40 +234,24 @@ func unhex(c byte) int {
 	return -1
 }
 
-// numericHost implements the WHATWG "ends in a number" rule with inet_aton
-// semantics: if the last label is a number (decimal, 0-prefixed octal or
-// 0x-prefixed hex), the whole host must be an IPv4 address, else it is
-// invalid. ok reports that the host was numeric.
+// numericHost implements the WHATWG "ends in a number" rule: if the last
+// label is a number (decimal, or 0x-prefixed hex), the host is an IPv4
+// literal and nothing else. Only the canonical form is accepted: four
+// decimal parts of 0-255 without leading zeros. inet_aton's other forms
+// (2130706433, 0x7f.1, 0177.0.0.1, 127.1, mixed radix) are refused rather
+// than guessed: resolvers, URL parsers and upstream servers disagree on
+// them, so what was checked need not be what another component reaches. ok
+// reports that the host was numeric.
 func numericHost(s string) (netip.Addr, bool, error) {
 	s = strings.TrimSuffix(s, ".")
 	parts := strings.Split(s, ".")
 	if !isNumber(parts[len(parts)-1]) {
 		return netip.Addr{}, false, nil
 	}
-	if len(parts) > 4 {
-		return netip.Addr{}, true, invalid("numeric host %q has more than four parts", s)
+	if a, err := netip.ParseAddr(s); err == nil && a.Is4() {
+		return a, true, nil
 	}
-	vals := make([]uint64, len(parts))
-	for i, p := range parts {
-		v, err := parseInetPart(p)
-		if err != nil {
-			return netip.Addr{}, true, invalid("numeric host %q: %v", s, err)
-		}
-		vals[i] = v
-	}
-	var ip uint64
-	for i := 0; i < len(vals)-1; i++ {
-		if vals[i] > 255 {
-			return netip.Addr{}, true, invalid("numeric host %q: part %d exceeds 255", s, i+1)
-		}
-		ip |= vals[i] << (8 * (3 - i))
-	}
-	last := vals[len(vals)-1]
-	if last >= 1<<(8*(5-len(vals))) {
-		return netip.Addr{}, true, invalid("numeric host %q: last part out of range", s)
-	}
-	ip |= last
-	return netip.AddrFrom4([4]byte{byte(ip >> 24), byte(ip >> 16), byte(ip >> 8), byte(ip)}), true, nil
+	return netip.Addr{}, true, invalid("host %q is an IPv4 address in an ambiguous notation (fewer than four parts, leading zeros, octal or hex); write it as four decimal numbers such as 93.184.215.14", s)
 }
 
 // isNumber reports whether a label is numeric in the WHATWG sense: digits
@@ -292,30 +276,3 @@ func isNumber(p string) bool {
 	return true
 }
 
-func parseInetPart(p string) (uint64, error) {
-	if p == "" {
-		return 0, errors.New("empty part")
-	}
-	base, digits := uint64(10), p
-	switch {
-	case len(p) >= 2 && p[0] == '0' && (p[1] == 'x' || p[1] == 'X'):
-		base, digits = 16, p[2:]
-		if digits == "" {
-			return 0, nil // "0x" alone is zero, as in inet_aton and WHATWG
-		}
-	case len(p) > 1 && p[0] == '0':
-		base, digits = 8, p[1:]
-	}
-	var v uint64
-	for i := 0; i < len(digits); i++ {
-		d := unhex(digits[i])
-		if d < 0 || uint64(d) >= base {
-			return 0, fmt.Errorf("part %q is not a base-%d number", p, base)
-		}
-		v = v*base + uint64(d)
-		if v > 0xffffffff {
-			return 0, fmt.Errorf("part %q out of range", p)
-		}
-	}
-	return v, nil
-}

@@ -99,11 +99,10 @@ func TestBlockedLiterals(t *testing.T) {
 	for _, passive := range []bool{false, true} {
 		h := newHarness(t, hopts{passive: passive, permit: []string{}})
 		lits := []struct{ host, reason string }{
-			{"127.0.0.1", "loopback"}, {"2130706433", "loopback"}, {"0177.0.0.1", "loopback"},
-			{"0x7f.1", "loopback"}, {"0x7f000001", "loopback"}, {"127.1", "loopback"}, {"017700000001", "loopback"},
+			{"127.0.0.1", "loopback"},
 			{"127.0.0.1.", "loopback"}, {"[::1]", "loopback"},
 			{"[::ffff:127.0.0.1]", "loopback"}, {"[::ffff:7f00:1]", "loopback"}, {"[fe80::1%25eth0]", "link_local"},
-			{"0xa9fea9fe", "metadata"}, {"169.254.169.254", "metadata"}, {"168.63.129.16", "metadata"}, {"10.1", "private"}, {"0", "unspecified"},
+			{"169.254.169.254", "metadata"}, {"168.63.129.16", "metadata"},
 			{"[64:ff9b::7f00:1]", "loopback"}, {"[2002:7f00:1::1]", "loopback"}, {"[fd00::1]", "unique_local"},
 			{"192.168.1.1", "private"}, {"100.64.0.1", "cgnat"},
 		}
@@ -113,6 +112,19 @@ func TestBlockedLiterals(t *testing.T) {
 				checkRefusal(t, resp, body, 403, l.reason, "")
 				resp, body = h.rawRequest(t, "CONNECT "+l.host+":443 HTTP/1.1\r\nHost: x\r\n\r\n")
 				checkRefusal(t, resp, body, 403, l.reason, "")
+			})
+		}
+		// Ambiguous notations are refused as invalid, never guessed at,
+		// whatever address they would mean and in every mode. (The
+		// 192.0.2.1 forms stand for public ones: a broken parser refuses
+		// them as documentation instead of dialling out.)
+		for _, host := range []string{"2130706433", "0177.0.0.1", "0x7f.1", "0x7f000001", "127.1", "017700000001",
+			"0xa9fea9fe", "10.1", "0", "0xc0000201", "192.0.513", "0300.0.2.1", "0xc0.0.2.1", "192.0.02.1"} {
+			t.Run(fmt.Sprintf("passive=%v/ambiguous %s", passive, host), func(t *testing.T) {
+				resp, body := h.rawRequest(t, "GET http://"+host+"/ HTTP/1.1\r\nHost: x\r\n\r\n")
+				checkRefusal(t, resp, body, 400, ReasonInvalidTarget, "")
+				resp, body = h.rawRequest(t, "CONNECT "+host+":443 HTTP/1.1\r\nHost: x\r\n\r\n")
+				checkRefusal(t, resp, body, 400, ReasonInvalidTarget, "")
 			})
 		}
 		t.Run(fmt.Sprintf("passive=%v/percent-encoded", passive), func(t *testing.T) {
