@@ -275,4 +275,3 @@ func isNumber(p string) bool {
 	}
 	return true
 }
-
