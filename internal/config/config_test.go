@@ -1,0 +1,319 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func parse(t *testing.T, src string) (Config, error) {
+	t.Helper()
+	d, err := Parse(strings.NewReader(src), "abox.yaml")
+	if err != nil {
+		return Config{}, err
+	}
+	return d.Validate()
+}
+
+// TestEveryKey sets every key of version 1 and checks where it lands.
+func TestEveryKey(t *testing.T) {
+	src := `version: 1
+name: dev
+base: debian-12
+cpus: 4
+memory: 4096
+disk: 20
+accel: tcg
+allowlist:
+  - api.example.com
+  - "*.registry.example.org"
+  - api.example.com
+allowlist_file: allow.txt
+ports: [80, 443, 8443]
+allow_private: [10.20.0.0/16, 192.168.1.7]
+mode: passive
+mitm:
+  enabled: false
+  exceptions: [pinned.example.com]
+dns:
+  upstreams: [9.9.9.9, "1.1.1.1:53"]
+upstream_proxy:
+  url: http://proxy.corp.example:3128
+  credentials_file: ~/.config/abox/proxy
+upstream_ca: certs/corp.pem
+monitor:
+  enabled: true
+overrides:
+  libvirt:
+    template: domain.xml
+provision:
+  overlay: overlay
+  scripts: [setup.sh, tools/agent.sh]
+forwards: ["8080:80", "5173:5173"]
+`
+	c, err := parse(t, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Name != "dev" || c.Base != "debian-12" || c.CPUs != 4 || c.MemoryMiB != 4096 || c.DiskGiB != 20 || c.Accel != "tcg" {
+		t.Errorf("resources: %+v", c)
+	}
+	var entries []string
+	for _, e := range c.Allowlist {
+		entries = append(entries, e.String())
+	}
+	if strings.Join(entries, " ") != "api.example.com *.registry.example.org" {
+		t.Errorf("allowlist = %q (duplicates must go)", entries)
+	}
+	if c.AllowlistFile != "allow.txt" || !reflect.DeepEqual(c.Ports, []uint16{80, 443, 8443}) {
+		t.Errorf("allowlist_file %q ports %v", c.AllowlistFile, c.Ports)
+	}
+	if !reflect.DeepEqual(c.AllowPrivate, []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16"), netip.MustParsePrefix("192.168.1.7/32")}) {
+		t.Errorf("allow_private = %v", c.AllowPrivate)
+	}
+	if !c.Passive || !c.NoMITM || !reflect.DeepEqual(c.MITMExceptions, []string{"pinned.example.com"}) {
+		t.Errorf("mode/mitm: %+v", c)
+	}
+	if !reflect.DeepEqual(c.Upstreams, []string{"9.9.9.9", "1.1.1.1:53"}) {
+		t.Errorf("upstreams = %v", c.Upstreams)
+	}
+	if c.UpstreamProxy == nil || c.UpstreamProxy.Host != "proxy.corp.example:3128" || c.ProxyCredentials != "~/.config/abox/proxy" {
+		t.Errorf("upstream proxy = %v %q", c.UpstreamProxy, c.ProxyCredentials)
+	}
+	if c.UpstreamCA != "certs/corp.pem" || !c.Monitor || c.Template != "domain.xml" {
+		t.Errorf("ca/monitor/template: %+v", c)
+	}
+	if c.Overlay != "overlay" || !reflect.DeepEqual(c.Scripts, []string{"setup.sh", "tools/agent.sh"}) {
+		t.Errorf("provision: %q %v", c.Overlay, c.Scripts)
+	}
+	if !reflect.DeepEqual(c.Forwards, []Forward{{8080, 80}, {5173, 5173}}) {
+		t.Errorf("forwards = %v", c.Forwards)
+	}
+	var keys []string
+	for _, w := range c.Widenings() {
+		keys = append(keys, w.Key)
+	}
+	want := "overrides.libvirt.template allow_private ports mode mitm.enabled mitm.exceptions dns.upstreams upstream_proxy.url upstream_ca"
+	if strings.Join(keys, " ") != want {
+		t.Errorf("widenings = %q, want %q", keys, want)
+	}
+}
+
+func TestDefaultsAreHardened(t *testing.T) {
+	c, err := parse(t, "version: 1\nname: dev\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{Name: "dev", Base: DefaultBase, CPUs: DefaultCPUs, MemoryMiB: DefaultMemoryMiB, DiskGiB: DefaultDiskGiB, Accel: "auto"}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("got %+v\nwant %+v", c, want)
+	}
+	if w := c.Widenings(); len(w) != 0 {
+		t.Errorf("defaults need trust: %v", w)
+	}
+	// Tightening or restating defaults needs no trust either.
+	c, err = parse(t, "version: 1\nname: dev\nports: [443]\nmode: active\nmitm: {enabled: true}\nallowlist: [api.example.com]\nforwards: ['8080:80']\nprovision: {scripts: [a.sh]}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := c.Widenings(); len(w) != 0 {
+		t.Errorf("tightening needs trust: %v", w)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, src, want string
+	}{
+		{"unknown top-level key", "version: 1\nname: dev\nallowlsit: [a.example.com]\n", `abox.yaml:3:1: unknown key "allowlsit" (did you mean "allowlist"?)`},
+		{"unknown nested key", "version: 1\nname: dev\nmitm:\n  enable: false\n", `abox.yaml:4:3: unknown key "mitm.enable" (did you mean "enabled"?)`},
+		{"unknown key without a near one", "version: 1\nname: dev\nzzzzzzzz: 1\n", `unknown key "zzzzzzzz" (known here:`},
+		{"deep unknown key", "version: 1\nname: dev\noverrides:\n  libvirt:\n    tempalte: x.xml\n", `abox.yaml:5:5: unknown key "overrides.libvirt.tempalte" (did you mean "template"?)`},
+		{"string for an int", "version: 1\nname: dev\ncpus: four\n", `abox.yaml:3:7: cpus: want an integer, got the string "four"`},
+		{"quoted int", "version: 1\nname: dev\nmemory: \"2048\"\n", `abox.yaml:3:9: memory: want an integer, got the string "2048"`},
+		{"float for an int", "version: 1\nname: dev\ncpus: 1.5\n", `cpus: want an integer, got the number 1.5`},
+		{"yes for a bool", "version: 1\nname: dev\nmonitor:\n  enabled: yes\n", `abox.yaml:4:12: monitor.enabled: want true or false, got the string "yes" (YAML 1.2`},
+		{"scalar for a list", "version: 1\nname: dev\nallowlist: a.example.com\n", `abox.yaml:3:12: allowlist: want a list, got the string "a.example.com"`},
+		{"list for a mapping", "version: 1\nname: dev\nmitm: [a]\n", `abox.yaml:3:7: mitm: want a mapping of keys (enabled, exceptions), got a list`},
+		{"mapping in a list of strings", "version: 1\nname: dev\nports: [{a: 1}]\n", `ports[0]: want an integer, got a mapping`},
+		{"no version", "name: dev\n", "no version; add `version: 1`"},
+		{"version 2", "version: 2\nname: dev\n", "abox.yaml:1:10: version 2 is not supported by this abox (it reads version 1)"},
+		{"version 0", "version: 0\nname: dev\n", "version 0 is not supported"},
+		{"version as a string", "version: \"1\"\nname: dev\n", "version: want an integer"},
+		{"empty file", "", "empty file"},
+		{"comments only", "# nothing\n", "empty file"},
+		{"two documents", "version: 1\nname: dev\n---\nversion: 1\n", "more than one YAML document"},
+		{"top level list", "- a\n", "want a mapping of keys"},
+		{"duplicate key", "version: 1\nname: dev\nname: other\n", `abox.yaml:3:1: "name" appears twice`},
+		{"anchor", "version: 1\nname: dev\nallowlist: &a [a.example.com]\nmitm:\n  exceptions: *a\n", "anchors and aliases"},
+		{"merge key", "version: 1\nname: dev\nmitm:\n  <<: {enabled: false}\n", "merge keys"},
+		{"syntax error", "version: 1\nname: [dev\n", "abox.yaml"},
+		{"no name", "version: 1\n", "name: required"},
+		{"bad name", "version: 1\nname: ../etc\n", "abox.yaml:2:7: name: validating instance name"},
+		{"cpus too many", "version: 1\nname: dev\ncpus: 100000\n", "abox.yaml:3:7: cpus: 100000 is out of range (1-64)"},
+		{"negative disk", "version: 1\nname: dev\ndisk: -1\n", "disk: -1 is out of range"},
+		{"memory in GiB by mistake", "version: 1\nname: dev\nmemory: 4\n", "memory is in MiB"},
+		{"accel", "version: 1\nname: dev\naccel: hvf\n", `accel: "hvf": want kvm, tcg or auto`},
+		{"wide allowlist entry", "version: 1\nname: dev\nallowlist: ['*']\n", `abox.yaml:3:13: allowlist[0]: "*" would allow everything`},
+		{"public suffix wildcard", "version: 1\nname: dev\nallowlist: ['a.example.com', '*.co.uk']\n", "allowlist[1]:"},
+		{"port 0", "version: 1\nname: dev\nports: [0]\n", "ports[0]: 0 is not a port"},
+		{"port too big", "version: 1\nname: dev\nports: [70000]\n", "ports[0]: 70000 is not a port"},
+		{"bad cidr", "version: 1\nname: dev\nallow_private: [10.0.0.0/33]\n", "allow_private[0]:"},
+		{"mode", "version: 1\nname: dev\nmode: open\n", `mode: "open": want active or passive`},
+		{"mitm exception wildcard", "version: 1\nname: dev\nmitm: {exceptions: ['*.example.com']}\n", "mitm.exceptions[0]"},
+		{"dns upstream name", "version: 1\nname: dev\ndns: {upstreams: [dns.google]}\n", "dns.upstreams[0]"},
+		{"proxy with credentials", "version: 1\nname: dev\nupstream_proxy: {url: 'http://u:p@proxy:3128'}\n", "credentials do not belong in the URL"},
+		{"proxy scheme", "version: 1\nname: dev\nupstream_proxy: {url: 'socks5://proxy:1080'}\n", "want http://HOST:PORT"},
+		{"proxy without port", "version: 1\nname: dev\nupstream_proxy: {url: 'http://proxy'}\n", "want http://HOST:PORT"},
+		{"credentials without proxy", "version: 1\nname: dev\nupstream_proxy: {credentials_file: x}\n", "set without upstream_proxy.url"},
+		{"absolute script", "version: 1\nname: dev\nprovision: {scripts: [/etc/shadow]}\n", `provision.scripts[0]: "/etc/shadow" must be a relative path inside the project`},
+		{"traversing script", "version: 1\nname: dev\nprovision: {scripts: [../../x.sh]}\n", "provision.scripts[0]:"},
+		{"traversing overlay", "version: 1\nname: dev\nprovision: {overlay: a/../../b}\n", "provision.overlay:"},
+		{"absolute template", "version: 1\nname: dev\noverrides: {libvirt: {template: /tmp/t.xml}}\n", "overrides.libvirt.template:"},
+		{"traversing allowlist file", "version: 1\nname: dev\nallowlist_file: ../allow.txt\n", "allowlist_file:"},
+		{"traversing ca", "version: 1\nname: dev\nupstream_ca: ../../ca.pem\n", "upstream_ca:"},
+		{"reverse forward", "version: 1\nname: dev\nforwards: ['R:9000:9000']\n", "reverse forwards cannot be declared"},
+		{"forward twice", "version: 1\nname: dev\nforwards: ['8080:80', '8080:81']\n", "forwards[1]: host port 8080 is forwarded twice"},
+		{"forward no colon", "version: 1\nname: dev\nforwards: ['8080']\n", "forwards[0]:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parse(t, tc.src)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v\nwant it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestYAMLBombIsRefused: anchors are refused before anything expands them.
+func TestYAMLBombIsRefused(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("version: 1\nname: dev\nallowlist: [&a0 [a.example.com, a.example.com]")
+	for i := 1; i < 30; i++ {
+		fmt.Fprintf(&b, ", &a%d [*a%d, *a%d]", i, i-1, i-1)
+	}
+	b.WriteString("]\n")
+	if _, err := parse(t, b.String()); err == nil || !strings.Contains(err.Error(), "abox.yaml:3:13: allowlist[0]: anchors and aliases") {
+		t.Fatalf("billion laughs: %v", err)
+	}
+	if _, err := Parse(strings.NewReader(strings.Repeat("#", MaxFileBytes+1)), "abox.yaml"); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Errorf("huge file: %v", err)
+	}
+}
+
+func project(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return filepath.Join(dir, FileName)
+}
+
+// TestProjectFilesStayInside: a named file that is a symlink out of the
+// project, a directory, or missing is refused at load, before up makes
+// anything.
+func TestProjectFilesStayInside(t *testing.T) {
+	outside := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(outside, []byte("HOST SECRET"), 0o600)
+	for _, tc := range []struct {
+		name  string
+		yaml  string
+		setup func(dir string)
+		want  string
+	}{
+		{"symlinked script", "provision: {scripts: [s.sh]}", func(d string) { os.Symlink(outside, filepath.Join(d, "s.sh")) }, "provision.scripts[0]"},
+		{"symlinked allowlist", "allowlist_file: a.txt", func(d string) { os.Symlink(outside, filepath.Join(d, "a.txt")) }, "allowlist_file"},
+		{"symlinked dir in path", "upstream_ca: certs/ca.pem", func(d string) { os.Symlink(filepath.Dir(outside), filepath.Join(d, "certs")) }, "upstream_ca"},
+		{"symlinked overlay", "provision: {overlay: ov}", func(d string) { os.Symlink(filepath.Dir(outside), filepath.Join(d, "ov")) }, "provision.overlay"},
+		{"missing template", "overrides: {libvirt: {template: t.xml}}", func(string) {}, "overrides.libvirt.template"},
+		{"directory as script", "provision: {scripts: [d]}", func(d string) { os.Mkdir(filepath.Join(d, "d"), 0o755) }, "not a regular file"},
+		{"fifo as allowlist", "allowlist_file: p", func(d string) { mkfifo(filepath.Join(d, "p")) }, "not a regular file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := project(t, map[string]string{FileName: "version: 1\nname: dev\n" + tc.yaml + "\n"})
+			tc.setup(filepath.Dir(path))
+			p, err := Load(path)
+			if err == nil {
+				p.Close()
+				t.Fatal("loaded")
+			}
+			if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "HOST SECRET") {
+				t.Errorf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestTrust: a widening file is refused until trusted; any change to it or
+// to the template it names asks again; a file that only tightens needs none.
+func TestTrust(t *testing.T) {
+	store := TrustStore{Dir: filepath.Join(t.TempDir(), "trust")}
+	path := project(t, map[string]string{
+		FileName: "version: 1\nname: dev\nallow_private: [10.20.0.0/16]\noverrides: {libvirt: {template: t.xml}}\n",
+		"t.xml":  "<domain/>",
+	})
+	load := func() *Project {
+		p, err := Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p
+	}
+	p := load()
+	err := store.Check(p)
+	var ue *UntrustedError
+	if !errors.As(err, &ue) || !errors.Is(err, ErrUntrusted) || len(ue.Widenings) != 2 {
+		t.Fatalf("untrusted file: %v", err)
+	}
+	if !strings.Contains(err.Error(), "allow_private: lets the guest reach private addresses 10.20.0.0/16") {
+		t.Errorf("message: %v", err)
+	}
+	if err := store.Trust(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Check(load()); err != nil {
+		t.Fatalf("after trust: %v", err)
+	}
+	os.WriteFile(filepath.Join(filepath.Dir(path), "t.xml"), []byte("<domain type='kvm'/>"), 0o644)
+	if err := store.Check(load()); !errors.Is(err, ErrUntrusted) {
+		t.Errorf("changed template still trusted: %v", err)
+	}
+	os.WriteFile(filepath.Join(filepath.Dir(path), "t.xml"), []byte("<domain/>"), 0o644)
+	if err := store.Check(load()); err != nil {
+		t.Errorf("restored template: %v", err)
+	}
+	os.WriteFile(path, []byte("version: 1\nname: dev\nallow_private: [10.20.0.0/16, 10.30.0.0/16]\noverrides: {libvirt: {template: t.xml}}\n"), 0o644)
+	if err := store.Check(load()); !errors.Is(err, ErrUntrusted) {
+		t.Errorf("changed file still trusted: %v", err)
+	}
+	// The same bytes in another directory are another file.
+	other := project(t, map[string]string{FileName: "version: 1\nname: dev\nallow_private: [10.20.0.0/16]\noverrides: {libvirt: {template: t.xml}}\n", "t.xml": "<domain/>"})
+	op, err := Load(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	if err := store.Check(op); !errors.Is(err, ErrUntrusted) {
+		t.Errorf("a copy elsewhere inherited trust: %v", err)
+	}
+	tight := project(t, map[string]string{FileName: "version: 1\nname: dev\nports: [443]\n"})
+	tp, err := Load(tight)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tp.Close()
+	if err := store.Check(tp); err != nil {
+		t.Errorf("a tightening file needs trust: %v", err)
+	}
+}

@@ -1,0 +1,137 @@
+package config
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Preset is a named group of allowlist entries a common agent or
+// toolchain needs, written into the starter as its own commented block so
+// a user can see and cut them.
+type Preset struct {
+	Name    string
+	Doc     string
+	Entries []string
+}
+
+// Presets known to `abox init --preset`.
+var presets = []Preset{
+	{"claude", "Anthropic's API (Claude Code and other agents)", []string{"api.anthropic.com"}},
+	{"codex", "OpenAI's API (Codex and other agents)", []string{"api.openai.com", "auth.openai.com"}},
+	{"github", "GitHub over HTTPS: clone, fetch, push and the API, for any repository", []string{"github.com", "api.github.com", "codeload.github.com", "objects.githubusercontent.com", "raw.githubusercontent.com"}},
+	{"debian", "Debian packages (apt)", []string{"deb.debian.org", "security.debian.org"}},
+	{"npm", "the npm registry", []string{"registry.npmjs.org"}},
+	{"pypi", "the Python Package Index (pip)", []string{"pypi.org", "files.pythonhosted.org"}},
+	{"go", "Go modules and the checksum database", []string{"proxy.golang.org", "sum.golang.org"}},
+	{"cargo", "Rust crates (cargo)", []string{"index.crates.io", "static.crates.io", "crates.io"}},
+	{"maven", "Maven Central and the Gradle plugin portal", []string{"repo.maven.apache.org", "repo1.maven.org", "plugins.gradle.org", "services.gradle.org"}},
+}
+
+// Presets lists the presets by name.
+func Presets() []Preset {
+	out := append([]Preset(nil), presets...)
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// PresetNames is the comma-separated list for help texts.
+func PresetNames() string {
+	var n []string
+	for _, p := range Presets() {
+		n = append(n, p.Name)
+	}
+	return strings.Join(n, ", ")
+}
+
+// Starter renders the commented abox.yaml `abox init` writes: every key of
+// version 1, the active ones at their hardened defaults, the ones that
+// widen the sandbox commented out and marked as needing `abox trust`.
+func Starter(name string, presetNames []string) (string, error) {
+	byName := map[string]Preset{}
+	for _, p := range presets {
+		byName[p.Name] = p
+	}
+	var allow strings.Builder
+	for _, n := range presetNames {
+		p, ok := byName[n]
+		if !ok {
+			return "", fmt.Errorf("no preset %q (known: %s)", n, PresetNames())
+		}
+		fmt.Fprintf(&allow, "  # preset %s: %s\n", p.Name, p.Doc)
+		for _, e := range p.Entries {
+			fmt.Fprintf(&allow, "  - %s\n", e)
+		}
+	}
+	allowBlock := "allowlist: []\n"
+	if allow.Len() > 0 {
+		allowBlock = "allowlist:\n" + allow.String()
+	}
+	return fmt.Sprintf(starterTemplate, name, allowBlock), nil
+}
+
+const starterTemplate = `# abox.yaml: the sandbox this project's agent runs in (abox help abox-yaml).
+# ` + "`abox up`" + ` creates and starts it, ` + "`abox down`" + ` stops it, ` + "`abox down --rm`" + ` removes it.
+# Unknown keys and wrong types are errors. Settings marked "trust" widen what
+# the guest may reach: they take effect only after ` + "`abox trust`" + ` of this exact file.
+version: 1
+
+# The instance name (letters, digits, '-', '_').
+name: %s
+
+# Base image (abox base list), and the guest's size.
+base: debian-12
+cpus: 2
+memory: 1024          # MiB
+disk: 10              # GiB
+accel: auto           # kvm, tcg or auto
+
+# Host names the guest may reach, through the DNS filter and the proxy.
+# "example.com" is exactly that name; "*.example.com" every name below it.
+%s
+# allowlist_file: allow.txt   # more entries, one per line, in this directory
+
+# mode: active                # passive records instead of blocking (trust)
+
+# Destination ports the proxy allows (default 80 and 443; others: trust).
+# ports: [80, 443]
+
+# Private address ranges the guest may reach through the filters (trust).
+# allow_private: [10.20.0.0/16]
+
+# TLS interception with the instance's CA; off or exceptions: trust.
+# mitm:
+#   enabled: true
+#   exceptions: [pinned.example.com]
+
+# Resolvers the filters use (default: the host's; others: trust).
+# dns:
+#   upstreams: [192.0.2.53]
+
+# A parent proxy for the filters' own egress (trust). Credentials go in a
+# file (USER:PASSWORD), never in this file or on a command line.
+# upstream_proxy:
+#   url: http://proxy.example.com:3128
+#   credentials_file: ~/.config/abox/proxy-credentials
+
+# Extra roots the proxy trusts for origin TLS, a PEM file here (trust).
+# upstream_ca: certs/corp-root.pem
+
+# Runtime monitor in the guest.
+# monitor:
+#   enabled: false
+
+# Replace the hardened libvirt domain with a template here (trust).
+# overrides:
+#   libvirt:
+#     template: domain.xml
+
+# Run on the first ` + "`abox up`" + ` (and ` + "`abox up --provision`" + `), as root, in active mode:
+# the overlay directory is copied into the guest's /, then the scripts run in order.
+# provision:
+#   overlay: overlay
+#   scripts: [setup.sh]
+
+# Host 127.0.0.1:HOSTPORT -> guest 127.0.0.1:GUESTPORT, over SSH.
+# forwards: ["8080:8080"]
+`

@@ -1,0 +1,95 @@
+package config
+
+import (
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// keyPaths lists every key of version 1 as a dotted path.
+func keyPaths(t reflect.Type, prefix string) []string {
+	var out []string
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		k := prefix + strings.Split(f.Tag.Get("yaml"), ",")[0]
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		if ft.Kind() == reflect.Struct {
+			out = append(out, keyPaths(ft, k+".")...)
+		} else {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// TestStarterIsValidAndNamesEveryKey: `abox init`'s file loads as written,
+// with every preset, needs no trust, and shows every key (the help topic
+// prints it).
+func TestStarterIsValidAndNamesEveryKey(t *testing.T) {
+	var all []string
+	for _, p := range Presets() {
+		all = append(all, p.Name)
+	}
+	text, err := Starter("dev", all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Parse(strings.NewReader(text), "abox.yaml")
+	if err != nil {
+		t.Fatalf("starter does not parse: %v\n%s", err, text)
+	}
+	c, err := d.Validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := c.Widenings(); len(w) != 0 {
+		t.Errorf("starter needs trust: %v", w)
+	}
+	n := 0
+	for _, p := range Presets() {
+		n += len(p.Entries)
+	}
+	if len(c.Allowlist) != n {
+		t.Errorf("allowlist has %d entries, presets %d", len(c.Allowlist), n)
+	}
+	// Uncommenting every "# key:" line gives a file that still loads, so
+	// the commented examples are valid too.
+	leaves := map[string]bool{}
+	for _, k := range keyPaths(reflect.TypeOf(File{}), "") {
+		for _, part := range strings.Split(k, ".") {
+			leaves[part] = true
+		}
+	}
+	var b strings.Builder
+	for _, line := range strings.Split(text, "\n") {
+		if s, ok := strings.CutPrefix(line, "# "); ok {
+			if key, _, ok := strings.Cut(strings.TrimSpace(s), ":"); ok && leaves[key] {
+				line = s
+			}
+		}
+		b.WriteString(line + "\n")
+	}
+	if _, err := Parse(strings.NewReader(b.String()), "uncommented"); err != nil {
+		t.Errorf("uncommented starter: %v\n%s", err, b.String())
+	}
+	docs, err := os.ReadFile("../../docs/abox-yaml.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keyPaths(reflect.TypeOf(File{}), "") {
+		leaf := k[strings.LastIndex(k, ".")+1:]
+		if !strings.Contains(text, leaf+":") {
+			t.Errorf("starter does not show %s", k)
+		}
+		if !strings.Contains(string(docs), "`"+k+"`") {
+			t.Errorf("docs/abox-yaml.md does not document `%s`", k)
+		}
+	}
+	if _, err := Starter("dev", []string{"nope"}); err == nil {
+		t.Error("unknown preset accepted")
+	}
+}

@@ -1,0 +1,251 @@
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/validate"
+)
+
+// Hardened defaults, the same as `abox create`'s.
+const (
+	DefaultBase      = "debian-12"
+	DefaultCPUs      = 2
+	DefaultMemoryMiB = 1024
+	DefaultDiskGiB   = 10
+	DefaultAccel     = "auto"
+)
+
+// Upper bounds: a repository's file must not be able to ask the host for
+// everything it has.
+const (
+	MaxCPUs      = 64
+	MaxMemoryMiB = 256 << 10
+	MaxDiskGiB   = 2048
+	MaxScripts   = 64
+	MaxForwards  = 64
+	MaxEntries   = 10000
+)
+
+// Config is a validated abox.yaml with the defaults applied. Paths are
+// local to the project directory (filepath.IsLocal) and are opened
+// through an os.Root there, so no file outside the project is ever read
+// on the file's behalf.
+type Config struct {
+	Name      string
+	Base      string
+	CPUs      uint
+	MemoryMiB uint
+	DiskGiB   uint
+	Accel     string
+	// Allowlist is the inline entries, normalised and de-duplicated.
+	Allowlist     []allowlist.Entry
+	AllowlistFile string
+	// Ports are the proxy's destination ports; nil is the default 80, 443.
+	Ports        []uint16
+	AllowPrivate []netip.Prefix
+	// Passive is the passive (record-only) filter mode.
+	Passive        bool
+	NoMITM         bool
+	MITMExceptions []string
+	Upstreams      []string
+	// UpstreamProxy is the parent proxy URL, or nil.
+	UpstreamProxy *url.URL
+	// ProxyCredentials is a host path (not confined to the project: the
+	// secret lives with the user), or empty.
+	ProxyCredentials string
+	UpstreamCA       string
+	Monitor          bool
+	Template         string
+	Overlay          string
+	Scripts          []string
+	Forwards         []Forward
+}
+
+// Forward is a host-loopback to guest forward.
+type Forward struct{ HostPort, GuestPort uint16 }
+
+func (f Forward) String() string { return fmt.Sprintf("%d:%d", f.HostPort, f.GuestPort) }
+
+// Validate checks every value and applies the defaults.
+func (d *Doc) Validate() (Config, error) {
+	f := d.File
+	c := Config{
+		Name: f.Name, Base: f.Base, Accel: f.Accel,
+		CPUs: DefaultCPUs, MemoryMiB: DefaultMemoryMiB, DiskGiB: DefaultDiskGiB,
+	}
+	if c.Name == "" {
+		return Config{}, &Error{Source: d.Source, Msg: "name: required (the instance name, such as `name: dev`)"}
+	}
+	if err := validate.InstanceName(f.Name); err != nil {
+		return Config{}, d.errAt("name", "%v", err)
+	}
+	if c.Base == "" {
+		c.Base = DefaultBase
+	} else if err := validate.InstanceName(c.Base); err != nil {
+		return Config{}, d.errAt("base", "not an image name: %v", err)
+	}
+	var err error
+	if c.CPUs, err = d.bounded("cpus", f.CPUs, DefaultCPUs, MaxCPUs); err != nil {
+		return Config{}, err
+	}
+	if c.MemoryMiB, err = d.bounded("memory", f.Memory, DefaultMemoryMiB, MaxMemoryMiB); err != nil {
+		return Config{}, err
+	}
+	if f.Memory != 0 && f.Memory < 256 {
+		return Config{}, d.errAt("memory", "%d MiB is too little for a guest (memory is in MiB; at least 256)", f.Memory)
+	}
+	if c.DiskGiB, err = d.bounded("disk", f.Disk, DefaultDiskGiB, MaxDiskGiB); err != nil {
+		return Config{}, err
+	}
+	switch c.Accel {
+	case "":
+		c.Accel = DefaultAccel
+	case "kvm", "tcg", "auto":
+	default:
+		return Config{}, d.errAt("accel", "%q: want kvm, tcg or auto", c.Accel)
+	}
+	if len(f.Allowlist) > MaxEntries {
+		return Config{}, d.errAt("allowlist", "%d entries; at most %d (use allowlist_file for long lists)", len(f.Allowlist), MaxEntries)
+	}
+	seen := map[string]bool{}
+	for i, s := range f.Allowlist {
+		e, err := allowlist.ParseEntry(s)
+		if err != nil {
+			return Config{}, d.errAt(fmt.Sprintf("allowlist[%d]", i), "%v", err)
+		}
+		if !seen[e.String()] {
+			seen[e.String()] = true
+			c.Allowlist = append(c.Allowlist, e)
+		}
+	}
+	if c.AllowlistFile, err = d.local("allowlist_file", f.AllowlistFile); err != nil {
+		return Config{}, err
+	}
+	for i, p := range f.Ports {
+		if p < 1 || p > 65535 {
+			return Config{}, d.errAt(fmt.Sprintf("ports[%d]", i), "%d is not a port (1-65535)", p)
+		}
+		c.Ports = append(c.Ports, uint16(p))
+	}
+	for i, s := range f.AllowPrivate {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return Config{}, d.errAt(fmt.Sprintf("allow_private[%d]", i), "%q is not a CIDR (write for example 10.20.0.0/16)", s)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		c.AllowPrivate = append(c.AllowPrivate, p.Masked())
+	}
+	switch f.Mode {
+	case "", "active":
+	case "passive":
+		c.Passive = true
+	default:
+		return Config{}, d.errAt("mode", "%q: want active or passive", f.Mode)
+	}
+	c.NoMITM = f.MITM.Enabled != nil && !*f.MITM.Enabled
+	for i, h := range f.MITM.Exceptions {
+		e, err := allowlist.ParseEntry(h)
+		if err != nil || e.Wildcard {
+			return Config{}, d.errAt(fmt.Sprintf("mitm.exceptions[%d]", i), "%q: want a host name", h)
+		}
+		c.MITMExceptions = append(c.MITMExceptions, e.Name)
+	}
+	for i, u := range f.DNS.Upstreams {
+		if _, err := netip.ParseAddrPort(u); err != nil {
+			if _, err := netip.ParseAddr(u); err != nil {
+				return Config{}, d.errAt(fmt.Sprintf("dns.upstreams[%d]", i), "%q: want an IP or IP:PORT", u)
+			}
+		}
+		c.Upstreams = append(c.Upstreams, u)
+	}
+	if f.UpstreamProxy.URL != "" {
+		u, err := url.Parse(f.UpstreamProxy.URL)
+		if err != nil || u.Scheme != "http" || u.Host == "" || u.Port() == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+			return Config{}, d.errAt("upstream_proxy.url", "%q: want http://HOST:PORT", f.UpstreamProxy.URL)
+		}
+		if u.User != nil {
+			return Config{}, d.errAt("upstream_proxy.url", "credentials do not belong in the URL; put USER:PASSWORD in a file and name it in upstream_proxy.credentials_file")
+		}
+		c.UpstreamProxy = u
+	}
+	if f.UpstreamProxy.CredentialsFile != "" {
+		if f.UpstreamProxy.URL == "" {
+			return Config{}, d.errAt("upstream_proxy.credentials_file", "set without upstream_proxy.url")
+		}
+		c.ProxyCredentials = f.UpstreamProxy.CredentialsFile
+	}
+	if c.UpstreamCA, err = d.local("upstream_ca", f.UpstreamCA); err != nil {
+		return Config{}, err
+	}
+	c.Monitor = f.Monitor.Enabled
+	if c.Template, err = d.local("overrides.libvirt.template", f.Overrides.Libvirt.Template); err != nil {
+		return Config{}, err
+	}
+	if c.Overlay, err = d.local("provision.overlay", f.Provision.Overlay); err != nil {
+		return Config{}, err
+	}
+	if len(f.Provision.Scripts) > MaxScripts {
+		return Config{}, d.errAt("provision.scripts", "%d scripts; at most %d", len(f.Provision.Scripts), MaxScripts)
+	}
+	for i, s := range f.Provision.Scripts {
+		p, err := d.local(fmt.Sprintf("provision.scripts[%d]", i), s)
+		if err != nil {
+			return Config{}, err
+		}
+		if p == "" {
+			return Config{}, d.errAt(fmt.Sprintf("provision.scripts[%d]", i), "empty script path")
+		}
+		c.Scripts = append(c.Scripts, p)
+	}
+	if len(f.Forwards) > MaxForwards {
+		return Config{}, d.errAt("forwards", "%d forwards; at most %d", len(f.Forwards), MaxForwards)
+	}
+	hostPorts := map[uint16]bool{}
+	for i, s := range f.Forwards {
+		key := fmt.Sprintf("forwards[%d]", i)
+		h, g, ok := strings.Cut(s, ":")
+		hp, err1 := strconv.ParseUint(h, 10, 16)
+		gp, err2 := strconv.ParseUint(g, 10, 16)
+		if !ok || err1 != nil || err2 != nil || hp == 0 || gp == 0 {
+			return Config{}, d.errAt(key, "%q: want HOSTPORT:GUESTPORT such as \"8080:80\" (reverse forwards cannot be declared in abox.yaml)", s)
+		}
+		if hostPorts[uint16(hp)] {
+			return Config{}, d.errAt(key, "host port %d is forwarded twice", hp)
+		}
+		hostPorts[uint16(hp)] = true
+		c.Forwards = append(c.Forwards, Forward{HostPort: uint16(hp), GuestPort: uint16(gp)})
+	}
+	return c, nil
+}
+
+func (d *Doc) bounded(key string, v, def, limit int) (uint, error) {
+	switch {
+	case v == 0:
+		return uint(def), nil
+	case v < 0 || v > limit:
+		return 0, d.errAt(key, "%d is out of range (1-%d)", v, limit)
+	}
+	return uint(v), nil
+}
+
+// local checks that p names a file inside the project directory: relative,
+// without "..", not empty after cleaning. Symbolic links that leave the
+// directory are refused later, when the file is opened through os.Root.
+func (d *Doc) local(key, p string) (string, error) {
+	if p == "" {
+		return "", nil
+	}
+	if !filepath.IsLocal(p) {
+		return "", d.errAt(key, "%q must be a relative path inside the project directory (no absolute path, no ..)", p)
+	}
+	return filepath.Clean(p), nil
+}
