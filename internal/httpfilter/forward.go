@@ -43,6 +43,15 @@ type fwdState struct {
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w = closeAfterUpgrade(w, r)
 	rec := &record{start: time.Now(), kind: "http", client: r.RemoteAddr, method: r.Method}
+	if status, reason := requestRefusal(r); reason != "" {
+		rec.path = pathOnly(r)
+		if r.Method == http.MethodConnect {
+			rec.kind = "connect"
+		}
+		p.refuse(w, rec, status, reason, true)
+		p.finish(rec)
+		return
+	}
 	switch {
 	case r.Method == http.MethodConnect:
 		rec.kind = "connect"
@@ -92,6 +101,11 @@ func (p *Proxy) serveInner(w http.ResponseWriter, r *http.Request) {
 	rec.connect = sc.connect.Authority()
 	rec.sni = sc.sni
 	rec.setTarget(sc.connect)
+	if status, reason := requestRefusal(r); reason != "" {
+		p.refuse(w, rec, status, reason, r.ProtoMajor == 1)
+		p.finish(rec)
+		return
+	}
 	if r.Method == http.MethodConnect {
 		p.refuse(w, rec, http.StatusForbidden, ReasonConnectInTunnel, true)
 		p.finish(rec)

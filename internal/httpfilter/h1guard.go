@@ -101,13 +101,21 @@ func statusText(code int) string {
 	switch code {
 	case 431:
 		return "Request Header Fields Too Large"
+	case 414:
+		return "URI Too Long"
 	case 501:
 		return "Not Implemented"
 	}
 	return "Bad Request"
 }
 
-const maxChunkLine = 4096
+// Limits of one line: a chunk-size line, the request line (longer is 414)
+// and one header field (longer is 431), besides the whole block's maxHeader.
+const (
+	maxChunkLine   = 4096
+	maxRequestLine = 8 << 10
+	maxFieldLine   = 16 << 10
+)
 
 func (g *h1Guard) scan(b []byte) *guardReject {
 	for len(b) > 0 {
@@ -134,15 +142,18 @@ func (g *h1Guard) scan(b []byte) *guardReject {
 			if i >= 0 {
 				chunk = b[:i]
 			}
-			limit := g.maxHeader
-			if g.st != stHeader {
-				limit = maxChunkLine
-			}
-			if len(g.line)+len(chunk) > limit || (g.st == stHeader && g.hdrBytes+len(g.line)+len(chunk) > g.maxHeader) {
-				if g.st == stHeader {
-					return &guardReject{431, "headers_too_large"}
+			n := len(g.line) + len(chunk)
+			switch {
+			case g.st != stHeader:
+				if n > maxChunkLine {
+					return &guardReject{400, "invalid_chunk"}
 				}
-				return &guardReject{400, "invalid_chunk"}
+			case g.first && n > maxRequestLine:
+				return &guardReject{414, ReasonURITooLong}
+			case g.hdrBytes+n > g.maxHeader:
+				return &guardReject{431, "headers_too_large"}
+			case !g.first && n > maxFieldLine:
+				return &guardReject{431, ReasonFieldTooLarge}
 			}
 			g.line = append(g.line, chunk...)
 			if i < 0 {

@@ -1,0 +1,87 @@
+package httpfilter
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// TestTraceNeverForwarded: TRACE and TRACK are answered 405 by the proxy on
+// every path (plain HTTP, intercepted HTTP/1.1 and HTTP/2) and never reach
+// the origin, which would echo the request, credentials included.
+func TestTraceNeverForwarded(t *testing.T) {
+	d := &recordingDialer{}
+	h := newHarness(t, hopts{allow: []string{"origin.test"}, dialer: d})
+	o, so := newHTTPOrigin(t, originMux()), newHTTPSOrigin(t, originMux())
+	h.allowOrigin("origin.test", o, port(t, o))
+	h.p.ports[uint16(mustAtoi(port(t, so)))] = true
+	for _, m := range []string{"TRACE", "TRACK", "trace"} {
+		for _, c := range []struct {
+			name string
+			url  string
+			h2   bool
+		}{
+			{"plain", "http://origin.test:" + port(t, o) + "/", false},
+			{"mitm h1", "https://origin.test:" + port(t, so) + "/", false},
+			{"mitm h2", "https://origin.test:" + port(t, so) + "/", true},
+		} {
+			req, _ := http.NewRequest(m, c.url, nil)
+			req.Header.Set("Authorization", "Bearer secret")
+			resp, err := h.client(c.h2).Do(req)
+			if err != nil {
+				t.Fatalf("%s %s: %v", m, c.name, err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("X-Abox-Reason") != ReasonTraceRefused {
+				t.Errorf("%s %s: %d %s, want 405 %s", m, c.name, resp.StatusCode, resp.Header.Get("X-Abox-Reason"), ReasonTraceRefused)
+			}
+		}
+	}
+	for _, a := range d.dialed() {
+		t.Errorf("TRACE reached the origin: dialled %s", a)
+	}
+}
+
+// TestRequestSizeLimits: a request target longer than 8 KiB is answered 414
+// and one header field longer than 16 KiB 431, over HTTP/1.1 (the guard) and
+// HTTP/2 (which the guard never sees) alike; nothing is forwarded.
+func TestRequestSizeLimits(t *testing.T) {
+	d := &recordingDialer{}
+	h := newHarness(t, hopts{allow: []string{"origin.test"}, dialer: d})
+	so := newHTTPSOrigin(t, originMux())
+	h.allowOrigin("origin.test", so, port(t, so))
+	base := "https://origin.test:" + port(t, so) + "/"
+	for _, h2 := range []bool{false, true} {
+		for _, c := range []struct {
+			name   string
+			req    func() *http.Request
+			status int
+			reason string
+		}{
+			{"long target", func() *http.Request {
+				r, _ := http.NewRequest("GET", base+strings.Repeat("a", 9<<10), nil)
+				return r
+			}, 414, ReasonURITooLong},
+			{"long field", func() *http.Request {
+				r, _ := http.NewRequest("GET", base, nil)
+				r.Header.Set("X-Big", strings.Repeat("b", 17<<10))
+				return r
+			}, 431, ReasonFieldTooLarge},
+		} {
+			t.Run(fmt.Sprintf("h2=%v %s", h2, c.name), func(t *testing.T) {
+				resp, err := h.client(h2).Do(c.req())
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != c.status || resp.Header.Get("X-Abox-Reason") != c.reason {
+					t.Errorf("%d %s, want %d %s", resp.StatusCode, resp.Header.Get("X-Abox-Reason"), c.status, c.reason)
+				}
+			})
+		}
+	}
+	for _, a := range d.dialed() {
+		t.Errorf("an oversized request reached the origin: dialled %s", a)
+	}
+}
