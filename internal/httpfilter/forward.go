@@ -101,13 +101,17 @@ func (p *Proxy) serveInner(w http.ResponseWriter, r *http.Request) {
 	rec.connect = sc.connect.Authority()
 	rec.sni = sc.sni
 	rec.setTarget(sc.connect)
+	// An HTTP/1 refusal closes the connection; on HTTP/2 only the stream
+	// ends (a Connection: close header would make the server send GOAWAY
+	// and take the guest's other streams with it).
+	h1 := r.ProtoMajor == 1
 	if status, reason := requestRefusal(r); reason != "" {
-		p.refuse(w, rec, status, reason, r.ProtoMajor == 1)
+		p.refuse(w, rec, status, reason, h1)
 		p.finish(rec)
 		return
 	}
 	if r.Method == http.MethodConnect {
-		p.refuse(w, rec, http.StatusForbidden, ReasonConnectInTunnel, true)
+		p.refuse(w, rec, http.StatusForbidden, ReasonConnectInTunnel, h1)
 		p.finish(rec)
 		return
 	}
@@ -115,12 +119,19 @@ func (p *Proxy) serveInner(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		rec.asked = r.Host
 		rec.err = err
-		p.refuse(w, rec, http.StatusBadRequest, ReasonInvalidTarget, true)
+		p.refuse(w, rec, http.StatusBadRequest, ReasonInvalidTarget, h1)
 		p.finish(rec)
 		return
 	}
 	if !t.Same(sc.connect) {
 		rec.asked = t.Authority()
+		if !h1 {
+			// RFC 9113 9.1.2: this connection cannot serve that
+			// authority; the client may retry it on a connection of its own.
+			p.refuse(w, rec, http.StatusMisdirectedRequest, ReasonDomainFronting, false)
+			p.finish(rec)
+			return
+		}
 		p.refuse(w, rec, http.StatusForbidden, ReasonDomainFronting, true)
 		p.finish(rec)
 		return

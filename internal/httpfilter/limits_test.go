@@ -85,3 +85,57 @@ func TestRequestSizeLimits(t *testing.T) {
 		t.Errorf("an oversized request reached the origin: dialled %s", a)
 	}
 }
+
+// TestH2FrontingRefusedAlone: on an intercepted HTTP/2 connection, a stream
+// naming another authority is answered 421 on its own; a stream already
+// flowing on the connection keeps flowing, and later streams are served on
+// the same connection.
+func TestH2FrontingRefusedAlone(t *testing.T) {
+	h := newHarness(t, hopts{allow: []string{"origin.test", "other.test"}})
+	mux := streamMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })
+	so := newHTTPSOrigin(t, mux)
+	pt := port(t, so)
+	h.allowOrigin("origin.test", so, pt)
+	h.res.set("other.test", "127.0.0.1")
+	c := h.client(true)
+	resp, err := c.Get("https://origin.test:" + pt + "/stream")
+	if err != nil || resp.ProtoMajor != 2 {
+		t.Fatalf("stream: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	lines := make(chan error, 100)
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			_, err := resp.Body.Read(buf)
+			lines <- err
+			if err != nil {
+				return
+			}
+		}
+	}()
+	req, _ := http.NewRequest("GET", "https://origin.test:"+pt+"/", nil)
+	req.Host = "other.test:" + pt
+	fr, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("fronting stream: %v", err)
+	}
+	fr.Body.Close()
+	if fr.StatusCode != http.StatusMisdirectedRequest || fr.Header.Get("X-Abox-Reason") != ReasonDomainFronting {
+		t.Errorf("fronting stream: %d %s, want 421 %s", fr.StatusCode, fr.Header.Get("X-Abox-Reason"), ReasonDomainFronting)
+	}
+	for i := 0; i < 3; i++ {
+		if err := <-lines; err != nil {
+			t.Fatalf("the other stream ended with the fronting one: %v", err)
+		}
+	}
+	ok, err := c.Get("https://origin.test:" + pt + "/")
+	if err != nil || ok.StatusCode != 200 {
+		t.Fatalf("a later stream: %v %v", ok, err)
+	}
+	ok.Body.Close()
+	if n := h.p.stats.intercepted.Load(); n != 1 {
+		t.Errorf("%d intercepted tunnels, want every stream on the first one", n)
+	}
+}
