@@ -200,7 +200,7 @@ func TestProtocolRefusals(t *testing.T) {
 		{name: "AXFR over TCP", network: "tcp", wantRcode: dns.RcodeRefused, wantEDE: "reason=zone_transfer", msg: func() *dns.Msg {
 			return query("example.com", dns.TypeAXFR, 1232)
 		}},
-		{name: "IXFR", wantRcode: dns.RcodeRefused, msg: func() *dns.Msg {
+		{name: "IXFR", wantRcode: dns.RcodeFormatError, msg: func() *dns.Msg {
 			m := query("example.com", dns.TypeIXFR, 0)
 			m.Ns = []dns.RR{rr("example.com. 60 IN SOA ns.example.com. h.example.com. 1 2 3 4 5")}
 			return m

@@ -203,10 +203,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.base.Store(&ctx)
 	var servers []*dns.Server
 	if s.pc != nil {
-		servers = append(servers, &dns.Server{PacketConn: s.pc, Handler: s, MsgAcceptFunc: acceptQuery, MsgInvalidFunc: s.invalid, UDPSize: dns.MaxMsgSize})
+		servers = append(servers, &dns.Server{PacketConn: s.pc, Handler: s, MsgAcceptFunc: s.acceptQuery, MsgInvalidFunc: s.invalid, UDPSize: dns.MaxMsgSize})
 	}
 	if s.ln != nil {
-		servers = append(servers, &dns.Server{Listener: s.ln, Handler: s, MsgAcceptFunc: acceptQuery, MsgInvalidFunc: s.invalid,
+		servers = append(servers, &dns.Server{Listener: s.ln, Handler: s, MsgAcceptFunc: s.acceptQuery, MsgInvalidFunc: s.invalid,
 			ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, MaxTCPQueries: 256,
 			IdleTimeout: func() time.Duration { return 10 * time.Second }})
 	}
@@ -241,12 +241,24 @@ func (s *Server) Serve(ctx context.Context) error {
 	return g.Wait()
 }
 
-// acceptQuery lets every request through to ServeDNS, which checks header
-// and sections itself so that each refusal is counted and logged; responses
-// are ignored so that two servers never answer each other in a loop.
-func acceptQuery(dh dns.Header) dns.MsgAcceptAction {
+// acceptQuery ignores responses (two servers must never answer each other
+// in a loop) and answers FORMERR, before parsing, a query whose header
+// counts are not those of a query: one question, no answer or authority
+// records, at most the OPT record (other opcodes are refused by ServeDNS;
+// an IXFR, whose authority section holds an SOA, gets FORMERR here instead
+// of REFUSED: it is refused either way). miekg/dns would otherwise parse a header
+// that promises more records than the message holds by quietly lowering the
+// counts. Queries that pass go to ServeDNS, which checks the sections
+// themselves so that each refusal is counted and logged.
+func (s *Server) acceptQuery(dh dns.Header) dns.MsgAcceptAction {
 	if dh.Bits&(1<<15) != 0 {
 		return dns.MsgIgnore
+	}
+	opcode := int(dh.Bits>>11) & 0xF
+	if opcode == dns.OpcodeQuery && (dh.Qdcount != 1 || dh.Ancount != 0 || dh.Nscount != 0 || dh.Arcount > 1) {
+		s.st.queries.Add(1)
+		s.st.formerr.Add(1)
+		return dns.MsgReject
 	}
 	return dns.MsgAccept
 }

@@ -1,0 +1,71 @@
+package dnsfilter_test
+
+import (
+	"encoding/binary"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// sendRaw sends b over UDP and returns the parsed answer, or nil when none
+// came within a second.
+func (h *harness) sendRaw(t *testing.T, b []byte) *dns.Msg {
+	t.Helper()
+	c, err := net.Dial("udp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	buf := make([]byte, 65535)
+	n, err := c.Read(buf)
+	if err != nil {
+		return nil
+	}
+	m := new(dns.Msg)
+	if err := m.Unpack(buf[:n]); err != nil {
+		t.Fatalf("answer does not parse: %v", err)
+	}
+	return m
+}
+
+// TestSectionCountsValidated: a query whose header counts are not those of a
+// query, or promise records it does not hold, is answered FORMERR or not at
+// all, and never forwarded. (Bytes after the last record are ignored by the
+// parser: nothing reads them, and the upstream only ever sees a query the
+// filter builds.)
+func TestSectionCountsValidated(t *testing.T) {
+	h := start(t, harnessOptions{allowlist: "example.com\n"})
+	good, err := query("example.com", dns.TypeA, 0).Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := func(b []byte, off int, v uint16) []byte {
+		c := append([]byte(nil), b...)
+		binary.BigEndian.PutUint16(c[off:], v)
+		return c
+	}
+	for name, b := range map[string][]byte{
+		"answer count without records":     set(good, 6, 3),
+		"authority count without records":  set(good, 8, 1),
+		"additional count without records": set(good, 10, 2),
+		"question count two, one present":  set(good, 4, 2),
+		"question count zero, one present": set(good, 4, 0),
+	} {
+		t.Run(name, func(t *testing.T) {
+			before := h.up.Count()
+			r := h.sendRaw(t, b)
+			if r != nil && r.Rcode != dns.RcodeFormatError {
+				t.Errorf("rcode %s, want FORMERR or no answer", dns.RcodeToString[r.Rcode])
+			}
+			if h.up.Count() != before {
+				t.Errorf("forwarded upstream")
+			}
+		})
+	}
+}
