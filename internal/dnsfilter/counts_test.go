@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/abox-dev/abox/internal/dnsfilter"
 )
 
 // sendRaw sends b over UDP and returns the parsed answer, or nil when none
@@ -67,5 +69,32 @@ func TestSectionCountsValidated(t *testing.T) {
 				t.Errorf("forwarded upstream")
 			}
 		})
+	}
+}
+
+// TestIdleTCPCannotStarve: a client holding every TCP slot with idle or
+// trickling connections does not keep a new TCP query from being answered:
+// the quietest connection is closed to make room.
+func TestIdleTCPCannotStarve(t *testing.T) {
+	h := start(t, harnessOptions{allowlist: "example.com\n", tweak: func(c *dnsfilter.Config) { c.MaxTCPConns = 4 }})
+	for i := 0; i < 4; i++ {
+		c, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if i%2 == 1 {
+			c.Write([]byte{0}) // one byte of a length prefix, then nothing
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // let the server accept them all
+	for i := 0; i < 3; i++ {
+		r, _, err := (&dns.Client{Net: "tcp", Timeout: 2 * time.Second}).Exchange(query("example.com", dns.TypeA, 0), h.addr)
+		if err != nil || r.Rcode != dns.RcodeSuccess {
+			t.Fatalf("TCP query %d with every slot held: %v %v", i, r, err)
+		}
+	}
+	if st := h.srv.Snapshot(); st.TCPEvicted == 0 {
+		t.Errorf("tcp_evicted = 0")
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"golang.org/x/net/netutil"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
 
@@ -81,7 +80,8 @@ type Config struct {
 	// MaxInflight bounds concurrent upstream queries; past it queries get
 	// SERVFAIL at once rather than piling up.
 	MaxInflight int
-	// MaxTCPConns bounds concurrent TCP connections.
+	// MaxTCPConns bounds concurrent TCP connections; at the bound the quietest
+	// is closed for a new one (see evictingListener).
 	MaxTCPConns int
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
@@ -91,6 +91,7 @@ type Config struct {
 type Server struct {
 	pc  net.PacketConn
 	ln  net.Listener
+	tcp *evictingListener // ln, when there is one
 	pol *policy.Engine
 	up  Exchanger
 	// addrs is never nil.
@@ -148,7 +149,8 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.inflight = make(chan struct{}, orDefault(cfg.MaxInflight, DefaultMaxInflight))
 	if s.ln != nil {
-		s.ln = netutil.LimitListener(s.ln, orDefault(cfg.MaxTCPConns, DefaultMaxTCPConns))
+		s.tcp = newEvictingListener(s.ln, orDefault(cfg.MaxTCPConns, DefaultMaxTCPConns))
+		s.ln = s.tcp
 	}
 	return s, nil
 }
@@ -334,7 +336,10 @@ type Stats struct {
 	// LogSuppressed counts refusal lines folded into "refusals aggregated"
 	// lines, and LogError is the log's last write error (a full disk).
 	LogSuppressed uint64 `json:"log_suppressed"`
-	LogError      string `json:"log_error,omitempty"`
+	// TCPEvicted counts TCP connections closed, quietest first, to make
+	// room for a new one at MaxTCPConns.
+	TCPEvicted uint64 `json:"tcp_evicted"`
+	LogError   string `json:"log_error,omitempty"`
 }
 
 // Stats implements daemon.Service.
@@ -362,6 +367,9 @@ func (s *Server) Snapshot() Stats {
 	}
 	if s.cache != nil {
 		st.CacheEntries = s.cache.len()
+	}
+	if s.tcp != nil {
+		st.TCPEvicted = s.tcp.evicted.Load()
 	}
 	if s.dlog != nil {
 		ls := s.dlog.Stats()
