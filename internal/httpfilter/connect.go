@@ -155,12 +155,7 @@ func (p *Proxy) tunnel(ctx context.Context, client net.Conn, checked *egress.Che
 	client.SetReadDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
 	hello, raw, err := peekClientHello(client)
 	client.SetReadDeadline(time.Time{})
-	if err != nil {
-		rec.verdict, rec.reason, rec.err = allowlist.Block, ReasonNotTLS, err
-		return
-	}
-	if reason := helloRefusal(hello, checked.Target); reason != "" {
-		rec.verdict, rec.reason, rec.sni = allowlist.Block, reason, hello.ServerName
+	if !helloAccepted(rec, hello, err, checked.Target) {
 		return
 	}
 	rec.sni = hello.ServerName
@@ -193,12 +188,7 @@ func (p *Proxy) tunnel(ctx context.Context, client net.Conn, checked *egress.Che
 		var h2 *tls.ClientHelloInfo
 		h2, raw, client, err = secondHello(client)
 		client.SetReadDeadline(time.Time{})
-		if err != nil {
-			rec.verdict, rec.reason, rec.err = allowlist.Block, ReasonNotTLS, err
-			return
-		}
-		if reason := helloRefusal(h2, checked.Target); reason != "" {
-			rec.verdict, rec.reason, rec.sni = allowlist.Block, reason, h2.ServerName
+		if !helloAccepted(rec, h2, err, checked.Target) {
 			return
 		}
 		if !sameServer(hello, h2) {

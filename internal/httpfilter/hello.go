@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 
+	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/egress"
 )
 
@@ -60,6 +61,20 @@ func helloRefusal(h *tls.ClientHelloInfo, t egress.Target) string {
 		return ReasonSNIMismatch
 	}
 	return ""
+}
+
+// helloAccepted reports whether a byte tunnel may relay the ClientHello h
+// (read with err) for t; if not, rec says why.
+func helloAccepted(rec *record, h *tls.ClientHelloInfo, err error, t egress.Target) bool {
+	if err != nil {
+		rec.verdict, rec.reason, rec.err = allowlist.Block, ReasonNotTLS, err
+		return false
+	}
+	if reason := helloRefusal(h, t); reason != "" {
+		rec.verdict, rec.reason, rec.sni = allowlist.Block, reason, h.ServerName
+		return false
+	}
+	return true
 }
 
 // readRecord reads one TLS record from c, returning it whole.

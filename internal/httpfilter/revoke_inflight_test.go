@@ -3,7 +3,6 @@ package httpfilter
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -102,34 +101,6 @@ func (h *harness) dialProxy(t *testing.T) net.Conn {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// TestRevokedOnAllowlistChange: removing entries (no mode change) closes
-// the plain-HTTP streams, byte tunnels and intercepted tunnels of those
-// hosts; an entry that stays keeps its stream.
-func TestRevokedOnAllowlistChange(t *testing.T) {
-	h := newHarness(t, hopts{allow: []string{"kept.test", "plain.test", "tunnel.test", "mitm.test"}, exceptions: []string{"tunnel.test"}})
-	o, so := newHTTPOrigin(t, streamMux()), newHTTPSOrigin(t, streamMux())
-	pt, spt := port(t, o), port(t, so)
-	for _, n := range []string{"kept.test", "plain.test", "tunnel.test", "mitm.test"} {
-		h.allowOrigin(n, o, pt)
-	}
-	h.p.ports[uint16(mustAtoi(spt))] = true
-	kept := openStream(t, "kept", h.dialProxy(t), "GET http://kept.test:"+pt+"/stream HTTP/1.1\r\nHost: kept.test\r\n\r\n")
-	streams := map[string]<-chan string{
-		"plain": openStream(t, "plain", h.dialProxy(t), "GET http://plain.test:"+pt+"/stream HTTP/1.1\r\nHost: plain.test\r\n\r\n"),
-		"tunnel": openStream(t, "tunnel", tls.Client(h.connect(t, "tunnel.test:"+spt), &tls.Config{RootCAs: h.roots, ServerName: "tunnel.test", NextProtos: []string{"http/1.1"}}),
-			"GET /stream HTTP/1.1\r\nHost: tunnel.test:"+spt+"\r\n\r\n"),
-		"mitm": openStream(t, "mitm", tls.Client(h.connect(t, "mitm.test:"+spt), &tls.Config{RootCAs: h.proxyCA, ServerName: "mitm.test", NextProtos: []string{"http/1.1"}}),
-			"GET /stream HTTP/1.1\r\nHost: mitm.test:"+spt+"\r\n\r\n"),
-	}
-	if _, err := h.engine.Remove("plain.test", "tunnel.test", "mitm.test"); err != nil {
-		t.Fatal(err)
-	}
-	for name, ch := range streams {
-		waitClosed(t, name, ch)
-	}
-	stillFlowing(t, "kept", kept)
 }
 
 // TestIPLiteralRevokedOnActive: connections to IP literals, allowed in
