@@ -115,6 +115,18 @@ func (c *Client) Allowlist(ctx context.Context) (EntriesBody, error) {
 	return b, c.do(ctx, http.MethodGet, "/v1/allowlist", nil, &b)
 }
 
+// AllowlistText returns the allowlist text in force.
+func (c *Client) AllowlistText(ctx context.Context) (TextBody, error) {
+	var b TextBody
+	return b, c.do(ctx, http.MethodGet, "/v1/allowlist/text", nil, &b)
+}
+
+// ReplaceAllowlist puts text in force if the text in force is still expected.
+func (c *Client) ReplaceAllowlist(ctx context.Context, expected, text string) (policy.ReloadStatus, error) {
+	var s policy.ReloadStatus
+	return s, c.do(ctx, http.MethodPut, "/v1/allowlist/text", TextBody{Text: text, Expected: expected}, &s)
+}
+
 func (c *Client) AllowlistAdd(ctx context.Context, entries []string) ([]string, error) {
 	var b EntriesBody
 	err := c.do(ctx, http.MethodPost, "/v1/allowlist/add", EntriesBody{Entries: entries}, &b)

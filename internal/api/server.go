@@ -155,6 +155,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/allowlist", s.listAllowlist)
 	mux.HandleFunc("POST /v1/allowlist/add", s.addAllowlist)
 	mux.HandleFunc("POST /v1/allowlist/remove", s.removeAllowlist)
+	mux.HandleFunc("GET /v1/allowlist/text", s.getAllowlistText)
+	mux.HandleFunc("PUT /v1/allowlist/text", s.putAllowlistText)
 	mux.HandleFunc("GET /v1/profile", s.getProfile)
 	mux.HandleFunc("DELETE /v1/profile", s.clearProfile)
 	mux.HandleFunc("GET /v1/logs/{component}", s.logs)
@@ -280,7 +282,7 @@ func (s *Server) addAllowlist(w http.ResponseWriter, r *http.Request) {
 	}
 	added, err := s.Policy.Add(b.Entries...)
 	if err != nil {
-		writeErr(w, http.StatusUnprocessableEntity, err, "")
+		writeEditErr(w, err)
 		return
 	}
 	if added == nil {
@@ -296,10 +298,54 @@ func (s *Server) removeAllowlist(w http.ResponseWriter, r *http.Request) {
 	}
 	removed, err := s.Policy.Remove(b.Entries...)
 	if err != nil {
-		writeErr(w, http.StatusUnprocessableEntity, err, "")
+		writeEditErr(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, EntriesBody{Entries: removed, Path: s.Policy.Path()})
+}
+
+// TextBody carries the allowlist's text: in force (GET), or to put in force
+// if the text in force is still Expected (PUT).
+type TextBody struct {
+	Text     string `json:"text"`
+	Expected string `json:"expected,omitempty"`
+	Path     string `json:"path,omitempty"`
+}
+
+func (s *Server) getAllowlistText(w http.ResponseWriter, r *http.Request) {
+	b, err := s.Policy.Text()
+	if err != nil {
+		writeErr(w, http.StatusInternalServerError, err, "")
+		return
+	}
+	writeJSON(w, http.StatusOK, TextBody{Text: string(b), Path: s.Policy.Path()})
+}
+
+func (s *Server) putAllowlistText(w http.ResponseWriter, r *http.Request) {
+	var b TextBody
+	if !readJSON(w, r, &b) {
+		return
+	}
+	if err := s.Policy.Replace([]byte(b.Expected), []byte(b.Text)); err != nil {
+		writeEditErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.Policy.Status())
+}
+
+// writeEditErr answers a failed allowlist edit: 409 when the list changed
+// meanwhile, 507 when the change is in force but could not be saved, 422
+// for invalid entries.
+func writeEditErr(w http.ResponseWriter, err error) {
+	var ue *policy.UnsavedError
+	switch {
+	case errors.Is(err, policy.ErrChanged):
+		writeErr(w, http.StatusConflict, err, "run the edit again")
+	case errors.As(err, &ue):
+		writeErr(w, http.StatusInsufficientStorage, err, "")
+	default:
+		writeErr(w, http.StatusUnprocessableEntity, err, "")
+	}
 }
 
 func (s *Server) getProfile(w http.ResponseWriter, r *http.Request) {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"sort"
@@ -437,14 +438,13 @@ func newAllowlistEditCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			cur, err := c.Allowlist(cmd.Context())
+			// The text in force, which is the file's unless a change
+			// could not be saved.
+			cur, err := c.AllowlistText(cmd.Context())
 			if err != nil {
 				return notRunningHint(args[0], err)
 			}
-			orig, err := os.ReadFile(cur.Path)
-			if err != nil {
-				return fmt.Errorf("reading allowlist: %w", err)
-			}
+			orig := []byte(cur.Text)
 			tmp, err := os.CreateTemp("", "abox-allowlist-*.txt")
 			if err != nil {
 				return err
@@ -476,18 +476,13 @@ func newAllowlistEditCmd(e *env) *cobra.Command {
 					}
 					continue
 				}
-				// The file may have changed while the editor was open.
-				now, err := os.ReadFile(cur.Path)
-				if err != nil {
-					return err
+				// In force at once, then saved by the filters; refused if
+				// the list changed while the editor was open.
+				st, err := c.ReplaceAllowlist(cmd.Context(), string(orig), string(edited))
+				var ae *api.Error
+				if errors.As(err, &ae) && ae.Status == http.StatusConflict {
+					return withHint(errors.New("allowlist unchanged: it changed while you were editing"), "run abox allowlist edit again")
 				}
-				if !bytes.Equal(now, orig) {
-					return withHint(errors.New("allowlist unchanged: the file changed while you were editing"), "run abox allowlist edit again")
-				}
-				if err := fsutil.WriteFileAtomic(cur.Path, edited, 0o644); err != nil {
-					return err
-				}
-				st, err := c.Reload(cmd.Context())
 				if err != nil {
 					return err
 				}

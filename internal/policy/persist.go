@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 
@@ -96,4 +97,46 @@ func (e *Engine) resaveLocked() error {
 	}
 	e.unsaved = nil
 	return nil
+}
+
+// ErrChanged: the allowlist in force is no longer the text an edit started from.
+var ErrChanged = errors.New("the allowlist changed while it was being edited")
+
+// Text returns the allowlist text in force: the unsaved change if there is
+// one, else the file.
+func (e *Engine) Text() ([]byte, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.textLocked()
+}
+
+func (e *Engine) textLocked() ([]byte, error) {
+	if e.unsaved != nil {
+		return e.unsaved.data, nil
+	}
+	data, err := os.ReadFile(e.path)
+	if err != nil {
+		return nil, fmt.Errorf("reading allowlist: %w", err)
+	}
+	return data, nil
+}
+
+// Replace puts data in force as the whole allowlist (abox allowlist edit),
+// like Add and Remove: in memory first, then in the file. It refuses, and
+// changes nothing, when data has an invalid line or when the text in force
+// is no longer expected (ErrChanged).
+func (e *Engine) Replace(expected, data []byte) error {
+	if _, err := allowlist.Parse(bytes.NewReader(data), e.path); err != nil {
+		return fmt.Errorf("replacing allowlist: %w", err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cur, err := e.textLocked()
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(cur, expected) {
+		return ErrChanged
+	}
+	return e.applyLocked("edit", data)
 }

@@ -90,3 +90,34 @@ func TestUserEditWinsOverUnsavedChange(t *testing.T) {
 		}
 	}
 }
+
+// TestReplaceInForceWhenDiskFails: a whole-list edit (abox allowlist edit)
+// is in force at once even when the file cannot be written, the next edit
+// starts from it, and an edit based on a stale text changes nothing.
+func TestReplaceInForceWhenDiskFails(t *testing.T) {
+	e := newEngine(t, "old.example.com\n")
+	e.writeFile = func(string, []byte, fs.FileMode) error { return syscall.ENOSPC }
+	orig, err := e.Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ue *UnsavedError
+	if err := e.Replace(orig, []byte("new.example.com\n")); !errors.As(err, &ue) {
+		t.Fatalf("Replace on a full disk = %v, want an UnsavedError", err)
+	}
+	if e.Decide("old.example.com").Verdict != allowlist.Block || e.Decide("new.example.com").Verdict != allowlist.Allow {
+		t.Errorf("the edit is not in force")
+	}
+	if txt, _ := e.Text(); string(txt) != "new.example.com\n" {
+		t.Errorf("Text = %q, want the edit in force", txt)
+	}
+	if err := e.Replace(orig, []byte("stale.example.com\n")); !errors.Is(err, ErrChanged) {
+		t.Errorf("Replace from a stale text = %v, want ErrChanged", err)
+	}
+	if e.Decide("stale.example.com").Verdict != allowlist.Block {
+		t.Errorf("a stale edit was applied")
+	}
+	if err := e.Replace([]byte("new.example.com\n"), []byte("*\n")); err == nil || e.Decide("new.example.com").Verdict != allowlist.Allow {
+		t.Errorf("an invalid edit = %v, want refused and nothing changed", err)
+	}
+}
