@@ -57,7 +57,6 @@ func TestExplain(t *testing.T) {
 		{"public literal passive", passive, "https://93.184.216.34/", allowlist.Allow, policy.ReasonPassive, "", "", 443, "intercepted"},
 		{"private literal passive", passive, "http://192.168.1.1/", allowlist.Block, string(netclass.Private), "", "", 80, ""},
 		{"loopback literal", passive, "127.0.0.1:443", allowlist.Block, string(netclass.Loopback), "", "", 443, ""},
-		{"inet_aton form is loopback", passive, "http://2130706433/", allowlist.Block, string(netclass.Loopback), "", "", 80, ""},
 		{"mapped v6 private", passive, "[::ffff:10.0.0.1]:443", allowlist.Block, string(netclass.Private), "", "", 443, ""},
 		{"permitted range passive", passive, "10.99.1.2", allowlist.Allow, policy.ReasonPassive, "", "", 443, "intercepted"},
 		{"permitted range active still unlisted", base, "10.99.1.2", allowlist.Block, allowlist.ReasonNotAllowlisted, "", "", 443, ""},
@@ -84,6 +83,18 @@ func TestExplain(t *testing.T) {
 				t.Errorf("missing detail: %+v", r)
 			}
 		})
+	}
+}
+
+// The proxy refuses IPv4 literals in ambiguous notations (inet_aton's
+// decimal, octal, hex and short forms) as invalid targets in every mode
+// rather than guess what they mean; explain says so instead of classifying.
+func TestExplainAmbiguousLiteral(t *testing.T) {
+	p := Policy{List: list(t, "example.com\n"), Mode: policy.Passive}
+	for _, target := range []string{"http://2130706433/", "0x7f.1", "0177.0.0.1:443"} {
+		if _, err := Explain(p, target); err == nil || !strings.Contains(err.Error(), "ambiguous notation") {
+			t.Errorf("Explain(%q) = %v, want the ambiguous notation refused", target, err)
+		}
 	}
 }
 
