@@ -22,6 +22,7 @@ set -eu
 #   iproute2 util-linux procps        ip netns, unshare, pkill-free process inspection in e2e
 #   openssh-client                    `abox ssh`, `abox scp`, forwards and e2e probes into the guest
 #   sshfs                             `abox mount` (guest directories on the host over the instance's SSH)
+#   openssh-sftp-server               the real sftp-server the mount hardening test talks to (no daemon)
 #   ca-certificates curl              pulling images and test clients
 PACKAGES="
 qemu-system-x86
@@ -42,6 +43,7 @@ util-linux
 procps
 openssh-client
 sshfs
+openssh-sftp-server
 ca-certificates
 curl
 "

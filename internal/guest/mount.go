@@ -27,13 +27,16 @@ type Mount struct {
 }
 
 // sshfsOptions are the FUSE options of every mount. The guest writes the
-// files, so the host must never act on what they claim to be:
-// follow_symlinks resolves symbolic links in the guest, so the host kernel
-// never follows a guest-made link into the host's own file system (a write
-// to mnt/x where x -> /home/me/.bashrc would otherwise land on the host);
+// files, so the host must never act on what they claim to be. Symbolic
+// links are the way out: a guest-made link x -> /home/me/.bashrc, followed
+// by the host's kernel, would let a host program read or overwrite the
+// host's own file through the mount. follow_symlinks resolves every link
+// in the guest, so the host sees plain files and never a link, and
+// contain_symlinks (refused by an sshfs that lacks it, so the mount fails
+// closed) rejects any absolute or ".." link that might still be shown.
 // nosuid, nodev and noexec keep set-uid programs, device nodes and
 // executables written by the guest inert on the host.
-var sshfsOptions = []string{"follow_symlinks", "nosuid", "nodev", "noexec", "idmap=user", "reconnect", "ServerAliveInterval=15", "ServerAliveCountMax=3"}
+var sshfsOptions = []string{"follow_symlinks", "contain_symlinks", "nosuid", "nodev", "noexec", "idmap=user", "reconnect", "ServerAliveInterval=15", "ServerAliveCountMax=3"}
 
 // sshfsArgs builds sshfs's command line. The hardened ssh options travel
 // as its ssh_command, split by sshfs on blanks, and inside a FUSE option
