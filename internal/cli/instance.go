@@ -86,6 +86,8 @@ own /24, and the libvirt domain with its packet filter. Nothing runs until
 	f.StringArrayVar(&s.MITMExceptions, "mitm-exception", nil, "host tunnelled instead of intercepted, repeatable")
 	f.UintSliceVar(&ports, "port", nil, "destination ports the proxy allows (default 80,443)")
 	f.StringVar(&s.UpstreamCA, "upstream-ca", "", "PEM FILE of extra roots the proxy trusts for origin TLS (besides the system's)")
+	f.StringVar(&s.UpstreamProxy, "upstream-proxy", "", "parent proxy http://HOST:PORT for the filters' own egress (no credentials in the URL)")
+	f.StringVar(&s.UpstreamProxyCredentials, "upstream-proxy-credentials", "", "FILE holding the parent proxy's USER:PASSWORD on one line")
 	f.StringVar(&s.Template, "template", "", "libvirt domain template FILE (replaces the hardened defaults)")
 	return cmd
 }

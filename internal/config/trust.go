@@ -62,7 +62,11 @@ func (c Config) Widenings() []Widening {
 		add("dns.upstreams", "replaces the host's resolver with %s", strings.Join(c.Upstreams, ", "))
 	}
 	if c.UpstreamProxy != nil {
-		add("upstream_proxy.url", "sends the filters' egress through %s", c.UpstreamProxy.Redacted())
+		if c.ProxyCredentials != "" {
+			add("upstream_proxy.url", "sends the filters' egress through %s, with the credentials in %s", c.UpstreamProxy.Redacted(), c.ProxyCredentials)
+		} else {
+			add("upstream_proxy.url", "sends the filters' egress through %s", c.UpstreamProxy.Redacted())
+		}
 	}
 	if c.UpstreamCA != "" {
 		add("upstream_ca", "makes the proxy trust the roots in %s for origin TLS", c.UpstreamCA)

@@ -21,6 +21,7 @@ import (
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/ca"
 	"github.com/abox-dev/abox/internal/cloudinit"
+	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/image"
 	"github.com/abox-dev/abox/internal/libvirt"
@@ -50,6 +51,10 @@ type Spec struct {
 	Template string
 	// UpstreamCA is an optional PEM file of extra roots for origin TLS.
 	UpstreamCA string
+	// UpstreamProxy is an optional parent proxy http://HOST:PORT, with its
+	// USER:PASSWORD in the file UpstreamProxyCredentials (optional).
+	UpstreamProxy            string
+	UpstreamProxyCredentials string
 }
 
 // SeedInput is what the cloud-init seed needs beyond the state.
@@ -100,6 +105,18 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 			return State{}, nil, fmt.Errorf("upstream CA bundle %s holds no PEM certificate", spec.UpstreamCA)
 		}
 	}
+	if spec.UpstreamProxy != "" {
+		if _, err := egress.NewParentProxy(spec.UpstreamProxy, spec.UpstreamProxyCredentials); err != nil {
+			return State{}, nil, fmt.Errorf("creating %s: %w", spec.Name, err)
+		}
+		if spec.UpstreamProxyCredentials != "" {
+			if spec.UpstreamProxyCredentials, err = filepath.Abs(spec.UpstreamProxyCredentials); err != nil {
+				return State{}, nil, err
+			}
+		}
+	} else if spec.UpstreamProxyCredentials != "" {
+		return State{}, nil, fmt.Errorf("creating %s: upstream proxy credentials without an upstream proxy", spec.Name)
+	}
 	var template string
 	if spec.Template != "" {
 		b, err := os.ReadFile(spec.Template)
@@ -139,8 +156,9 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 		User: spec.User, Accel: resolveAccel(spec.Accel),
 		ProxyPort: DefaultProxyPort, Upstreams: spec.Upstreams, AllowPrivate: spec.AllowPrivate,
 		NoMITM: spec.NoMITM, MITMExceptions: spec.MITMExceptions, Ports: spec.Ports,
-		Template: template,
-		Kernel:   base.KernelPath(), Initrd: base.InitrdPath(),
+		Template:      template,
+		UpstreamProxy: spec.UpstreamProxy, UpstreamProxyCredentials: spec.UpstreamProxyCredentials,
+		Kernel: base.KernelPath(), Initrd: base.InitrdPath(),
 	}
 	if base.Boot != nil {
 		st.Cmdline = base.Boot.Cmdline

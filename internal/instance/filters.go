@@ -13,6 +13,7 @@ import (
 	"github.com/abox-dev/abox/internal/daemon"
 	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/dnsfilter"
+	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/httpfilter"
 	"github.com/abox-dev/abox/internal/logring"
 	"github.com/abox-dev/abox/internal/netclass"
@@ -99,9 +100,22 @@ func RunFilters(ctx context.Context, l paths.Layout, name string, diag io.Writer
 		dl.Close()
 		return err
 	}
+	// With a parent proxy the guard's checked addresses are dialled
+	// through it; without one, directly.
+	var dialer egress.Dialer
+	if st.UpstreamProxy != "" {
+		pp, err := egress.NewParentProxy(st.UpstreamProxy, st.UpstreamProxyCredentials)
+		if err != nil {
+			hl.Close()
+			pc.Close()
+			dl.Close()
+			return err
+		}
+		dialer = pp
+	}
 	proxy, err := httpfilter.New(httpfilter.Config{
-		UpstreamRoots: roots,
-		Listener:      hl, Policy: pol, Resolver: up, Addresses: addrs, Ports: st.Ports,
+		UpstreamRoots: roots, Dialer: dialer,
+		Listener: hl, Policy: pol, Resolver: up, Addresses: addrs, Ports: st.Ports,
 		CA: authority, NoMITM: st.NoMITM, MITMExceptions: st.MITMExceptions,
 		KeyLogPath: f.KeyLog, Decisions: httpDecisions, Logger: log,
 	})

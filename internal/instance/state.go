@@ -68,6 +68,11 @@ type State struct {
 	// UpstreamCA is a PEM bundle the proxy trusts for origins besides the
 	// system roots (a copy inside the instance directory), or empty.
 	UpstreamCA string `json:"upstream_ca,omitempty"`
+	// UpstreamProxy is the parent proxy (http://HOST:PORT) the filters'
+	// egress goes through, or empty; UpstreamProxyCredentials is the host
+	// file with its USER:PASSWORD, read at every filter start.
+	UpstreamProxy            string `json:"upstream_proxy,omitempty"`
+	UpstreamProxyCredentials string `json:"upstream_proxy_credentials,omitempty"`
 	// Template is a user domain template that replaces the hardened domain.
 	Template string `json:"template,omitempty"`
 	// Kernel boot of the base image, copied at create so the instance does

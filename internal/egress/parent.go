@@ -1,0 +1,125 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+)
+
+// ParentProxy is a Dialer that reaches every destination through an HTTP
+// parent proxy (CONNECT), for hosts that may only reach the internet
+// through one. It is given to the Guard as its Dialer, so it only ever
+// sees addresses the Guard checked: the allowlist, the port policy and the
+// address classes have decided before anything is sent to the parent, and
+// the parent is asked for the checked address itself (CONNECT
+// 203.0.113.7:443), never a name it would resolve on its own.
+type ParentProxy struct {
+	// Addr is the parent's HOST:PORT. It is the user's own setting and is
+	// dialled as given (corporate proxies live on private addresses).
+	Addr string
+	// auth is the Proxy-Authorization value, or empty.
+	auth string
+	// Dialer reaches the parent; nil means a net.Dialer.
+	Dialer Dialer
+	// Timeout bounds the CONNECT exchange; 0 means 15s.
+	Timeout time.Duration
+}
+
+// NewParentProxy parses an http://HOST:PORT URL (credentials in it are
+// refused: they would show in process lists and configs) and reads
+// USER:PASSWORD from credentialsFile when it is set.
+func NewParentProxy(rawURL, credentialsFile string) (*ParentProxy, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "http" || u.Host == "" || u.Port() == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		return nil, fmt.Errorf("upstream proxy %q: want http://HOST:PORT", rawURL)
+	}
+	if u.User != nil {
+		return nil, errors.New("upstream proxy: credentials do not belong in the URL; put USER:PASSWORD in a file and name it as the credentials file")
+	}
+	p := &ParentProxy{Addr: u.Host}
+	if credentialsFile != "" {
+		b, err := os.ReadFile(credentialsFile)
+		if err != nil {
+			return nil, fmt.Errorf("upstream proxy credentials: %w", err)
+		}
+		cred := strings.TrimRight(string(b), "\r\n")
+		if i := strings.IndexByte(cred, ':'); i <= 0 || strings.ContainsAny(cred, "\r\n") {
+			return nil, fmt.Errorf("upstream proxy credentials %s: want one line USER:PASSWORD", credentialsFile)
+		}
+		p.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(cred))
+	}
+	return p, nil
+}
+
+// DialContext implements Dialer: address must be an IP:PORT (what the
+// Guard dials); a name is refused rather than handed to the parent.
+func (p *ParentProxy) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	if network != "tcp" {
+		return nil, fmt.Errorf("upstream proxy: %s is not tcp", network)
+	}
+	if _, err := netip.ParseAddrPort(address); err != nil {
+		return nil, fmt.Errorf("upstream proxy: %q is not a checked address", address)
+	}
+	d := p.Dialer
+	if d == nil {
+		d = &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	}
+	conn, err := d.DialContext(ctx, "tcp", p.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("upstream proxy %s: %w", p.Addr, err)
+	}
+	timeout := p.Timeout
+	if timeout <= 0 {
+		timeout = 15 * time.Second
+	}
+	deadline := time.Now().Add(timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	conn.SetDeadline(deadline)
+	req := "CONNECT " + address + " HTTP/1.1\r\nHost: " + address + "\r\n"
+	if p.auth != "" {
+		req += "Proxy-Authorization: " + p.auth + "\r\n"
+	}
+	if _, err := conn.Write([]byte(req + "\r\n")); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("upstream proxy %s: %w", p.Addr, err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("upstream proxy %s: reading its answer to CONNECT %s: %w", p.Addr, address, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		conn.Close()
+		hint := ""
+		if resp.StatusCode == http.StatusProxyAuthRequired {
+			hint = " (check the credentials file)"
+		}
+		return nil, fmt.Errorf("upstream proxy %s refused CONNECT %s: %s%s", p.Addr, address, resp.Status, hint)
+	}
+	conn.SetDeadline(time.Time{})
+	if br.Buffered() > 0 {
+		return &bufferedConn{Conn: conn, r: br}, nil
+	}
+	return conn, nil
+}
+
+// bufferedConn keeps bytes the parent sent right after its 200.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
