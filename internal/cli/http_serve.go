@@ -4,24 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/abox-dev/abox/internal/ca"
 	"github.com/abox-dev/abox/internal/daemon"
-	"github.com/abox-dev/abox/internal/httpfilter"
-	"github.com/abox-dev/abox/internal/logring"
-	"github.com/abox-dev/abox/internal/netclass"
-	"github.com/abox-dev/abox/internal/policy"
-	"github.com/abox-dev/abox/internal/upstream"
 	"github.com/abox-dev/abox/internal/validate"
 )
 
@@ -86,9 +76,9 @@ One JSON line per request or tunnel goes to stderr (or --log-file) and to
 	f.StringVar(&o.ports, "ports", "80,443", "comma-separated destination ports the guest may reach")
 	f.BoolVar(&o.passive, "passive", false, "start in passive mode: allow and record every name (never with untrusted workloads; addresses are still checked)")
 	f.StringVar(&o.logFile, "log-file", "", "append decision lines to FILE instead of stderr")
-	f.IntVar(&o.maxConns, "max-conns", 1024, "concurrent guest connections at most")
-	f.DurationVar(&o.idleTimeout, "idle-timeout", 10*time.Minute, "close a connection on which nothing moved for this long (there is no overall deadline)")
-	f.DurationVar(&o.resolveTimout, "upstream-timeout", upstream.DefaultTimeout, "timeout of one try against one upstream resolver")
+	f.IntVar(&o.maxConns, "max-conns", daemon.DefaultMaxConns, "concurrent guest connections at most")
+	f.DurationVar(&o.idleTimeout, "idle-timeout", daemon.DefaultIdleTimeout, "close a connection on which nothing moved for this long (there is no overall deadline)")
+	f.DurationVar(&o.resolveTimout, "upstream-timeout", daemon.DefaultUpstreamTimeout, "timeout of one try against one upstream resolver")
 	return cmd
 }
 
@@ -113,122 +103,53 @@ func runHTTPServe(ctx context.Context, e *env, o *httpServeOptions) error {
 	if err != nil {
 		return usageError{err}
 	}
-	permit, err := parsePermit("--allow-private", o.allowPrivate, e.stderr)
-	if err != nil {
-		return usageError{err}
-	}
-	permitHost, err := parsePermit("--allow-host", o.allowHost, e.stderr)
-	if err != nil {
-		return usageError{err}
-	}
-	for _, u := range o.upstreams {
-		if _, err := upstream.ParseServer(u); err != nil {
-			return usageError{fmt.Errorf("--upstream: %w", err)}
-		}
-	}
-	listenAddr, err := netip.ParseAddrPort(o.listen)
-	if err != nil {
+	if _, err := netip.ParseAddrPort(o.listen); err != nil {
 		return usageError{fmt.Errorf("--listen %q: want IP:PORT (for example 10.10.10.1:3128)", o.listen)}
 	}
-	l, err := e.layout()
-	if err != nil {
-		return err
+	if o.maxConns < 1 {
+		return usageError{errors.New("--max-conns must be >= 1")}
 	}
-	allow := o.allowlist
-	if allow == "" {
-		allow = l.Allowlist(o.name)
-	}
-	if allow, err = filepath.Abs(allow); err != nil {
-		return fmt.Errorf("allowlist: %w", err)
-	}
-	if _, err := os.Stat(allow); errors.Is(err, fs.ErrNotExist) {
-		return withHint(fmt.Errorf("allowlist %s does not exist", allow),
-			"create it with one name per line (for example `echo example.com > allow.txt`) and pass --allowlist allow.txt")
-	}
-	roots, err := ca.UpstreamRoots(o.upstreamCA)
+	sc, err := resolveServe(e, o.name, o.allowlist, o.upstreams, o.allowPrivate, o.allowHost)
 	if err != nil {
 		return err
 	}
 	caDir := o.caDir
 	if caDir == "" {
-		caDir = l.CADir(o.name)
+		caDir = sc.layout.CADir(o.name)
 	}
-	authority, err := ca.New(ca.Config{Dir: caDir, Name: o.name})
+	logs, closeLogs, err := serveLogStream(e, o.logFile)
 	if err != nil {
 		return err
 	}
-	// Create the CA now, not at the first CONNECT: the guest must be able
-	// to trust ca.crt before its first connection.
-	if _, err := authority.CertPEM(); err != nil {
-		return err
-	}
-	up, err := upstream.New(upstream.Config{Servers: o.upstreams, Timeout: o.resolveTimout})
-	if err != nil {
-		return err
-	}
-
-	logs, err := openServeLogs(e, o.logFile)
-	if err != nil {
-		return err
-	}
-	defer logs.Close()
-	ring, log := logs.ring, logs.diag
-
-	pol, err := policy.New(policy.Config{AllowlistPath: allow, Logger: log})
-	if err != nil {
-		return withHint(err, "fix the listed lines (check a file with `abox allowlist check FILE`)")
-	}
-	if o.passive {
-		pol.SetMode(policy.Passive)
-	}
-	host, err := netclass.HostAddrs()
-	if err != nil {
-		return err
-	}
-	// The proxy's own address is the gateway the guest sees: never a destination.
-	if !listenAddr.Addr().IsUnspecified() {
-		host = append(host, listenAddr.Addr())
-	}
-	ln, err := net.Listen("tcp", listenAddr.String())
-	if err != nil {
-		return usageError{fmt.Errorf("--listen: %w", err)}
-	}
-	proxy, err := httpfilter.New(httpfilter.Config{
-		Listener:       ln,
-		Policy:         pol,
-		Resolver:       up,
-		Addresses:      netclass.New(netclass.Options{Permit: permit, PermitHost: permitHost, Host: host}),
-		Ports:          ports,
-		CA:             authority,
-		NoMITM:         o.noMITM,
-		MITMExceptions: o.exceptions,
-		UpstreamRoots:  roots,
-		KeyLogPath:     l.KeyLog(o.name),
-		Decisions:      logs.decisions,
-		Logger:         log,
-		MaxConns:       o.maxConns,
-		IdleTimeout:    o.idleTimeout,
-	})
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	sock := l.APISocket(o.name)
-	return daemon.Run(ctx, daemon.Options{
-		Instance:  o.name,
-		Policy:    pol,
-		Services:  []daemon.Service{proxy},
-		Logs:      map[string]*logring.Ring{"http": ring},
-		KeyLog:    proxy,
-		APISocket: sock,
-		Logger:    log,
-		Ready: func() {
-			mitm := "intercepting TLS (CA " + filepath.Join(caDir, ca.CertFile) + ")"
+	defer closeLogs()
+	return serveDataPlane(ctx, daemon.Config{
+		Instance:        o.name,
+		AllowlistPath:   sc.allowlist,
+		Passive:         o.passive,
+		APISocket:       sc.layout.APISocket(o.name),
+		Upstreams:       o.upstreams,
+		UpstreamTimeout: o.resolveTimout,
+		AllowPrivate:    sc.permit,
+		AllowHost:       sc.permitHost,
+		HTTP: &daemon.HTTPConfig{
+			Listen:         o.listen,
+			Ports:          ports,
+			CADir:          caDir,
+			NoMITM:         o.noMITM,
+			MITMExceptions: o.exceptions,
+			UpstreamCA:     o.upstreamCA,
+			KeyLogPath:     sc.layout.KeyLog(o.name),
+			MaxConns:       o.maxConns,
+			IdleTimeout:    o.idleTimeout,
+		},
+		Logs: logs,
+		Ready: func(i daemon.Info) {
+			mitm := "intercepting TLS (CA " + i.CACert + ")"
 			if o.noMITM {
 				mitm = "tunnelling TLS (--no-mitm)"
 			}
 			fmt.Fprintf(e.stderr, "abox: http filter for %s on %s, ports %s, upstream %v, mode %s, %s; api %s\n",
-				o.name, proxy.Addr(), o.ports, up.Servers(), pol.Mode(), mitm, sock)
+				o.name, i.HTTPAddr, o.ports, i.Upstreams, i.Mode, mitm, sc.layout.APISocket(o.name))
 		},
 	})
 }

@@ -265,10 +265,10 @@ func newListCmd(e *env) *cobra.Command {
 }
 
 func filtersState(i instance.Info) string {
-	if i.DaemonPID != 0 {
-		return "up"
+	if i.Filters == "" {
+		return instance.FiltersDown
 	}
-	return "down"
+	return i.Filters
 }
 
 func newStatusCmd(e *env) *cobra.Command {

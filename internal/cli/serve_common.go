@@ -1,16 +1,18 @@
 package cli
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
-	"log/slog"
+	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
 
-	"github.com/abox-dev/abox/internal/decisionlog"
-	"github.com/abox-dev/abox/internal/logring"
+	"github.com/abox-dev/abox/internal/daemon"
 	"github.com/abox-dev/abox/internal/netclass"
+	"github.com/abox-dev/abox/internal/paths"
 )
 
 // parsePermit parses the values of one address-range flag (--allow-private,
@@ -34,38 +36,72 @@ func parsePermit(flag string, list []string, warn io.Writer) ([]netip.Prefix, er
 // allowHostUsage is the help of --allow-host, the same for every command.
 const allowHostUsage = "CIDR the guest may reach even though it holds host addresses, loopback or other instances' networks, repeatable (--allow-private never opens those)"
 
-// serveLogs is the logging of a foreground filter: decision lines encoded on
-// the hot path and written in batches to the log file (or stderr) and to the
-// ring the local API serves; diagnostics join the same stream.
-type serveLogs struct {
-	decisions *decisionlog.Writer
-	ring      *logring.Ring
-	diag      *slog.Logger
-	file      *os.File // nil when writing to stderr
+// serveConfig is what the flags shared by both serve commands resolve to.
+type serveConfig struct {
+	layout    paths.Layout
+	allowlist string // absolute, exists
+	permit    []netip.Prefix
+	// permitHost are the --allow-host ranges.
+	permitHost []netip.Prefix
 }
 
-func openServeLogs(e *env, logFile string) (*serveLogs, error) {
-	var out io.Writer = e.stderr
-	var f *os.File
-	if logFile != "" {
-		if err := os.MkdirAll(filepath.Dir(logFile), 0o755); err != nil {
-			return nil, fmt.Errorf("opening --log-file: %w", err)
-		}
-		var err error
-		if f, err = os.OpenFile(logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640); err != nil {
-			return nil, fmt.Errorf("opening --log-file: %w", err)
-		}
-		out = f
+func resolveServe(e *env, name, allowlist string, upstreams, allowPrivate, allowHost []string) (serveConfig, error) {
+	var c serveConfig
+	var err error
+	if c.permit, err = parsePermit("--allow-private", allowPrivate, e.stderr); err != nil {
+		return c, usageError{err}
 	}
-	ring := logring.New(2000)
-	dlog := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{out, ring}})
-	return &serveLogs{decisions: dlog, ring: ring, diag: slog.New(slog.NewJSONHandler(dlog, nil)), file: f}, nil
+	if c.permitHost, err = parsePermit("--allow-host", allowHost, e.stderr); err != nil {
+		return c, usageError{err}
+	}
+	for _, u := range upstreams {
+		if _, err := daemon.ParseUpstream(u); err != nil {
+			return c, usageError{fmt.Errorf("--upstream: %w", err)}
+		}
+	}
+	if c.layout, err = e.layout(); err != nil {
+		return c, err
+	}
+	if allowlist == "" {
+		allowlist = c.layout.Allowlist(name)
+	}
+	if c.allowlist, err = filepath.Abs(allowlist); err != nil {
+		return c, fmt.Errorf("allowlist: %w", err)
+	}
+	if _, err := os.Stat(c.allowlist); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return c, withHint(fmt.Errorf("allowlist %s does not exist", c.allowlist),
+				"create it with one name per line (for example `echo example.com > allow.txt`) and pass --allowlist allow.txt")
+		}
+		return c, fmt.Errorf("allowlist: %w", err)
+	}
+	return c, nil
 }
 
-// Close flushes the decision lines, then closes the file.
-func (s *serveLogs) Close() {
-	s.decisions.Close()
-	if s.file != nil {
-		s.file.Close()
+// serveLogStream is the logging of a foreground filter: decision lines and
+// diagnostics in one stream, to the log file or stderr.
+func serveLogStream(e *env, logFile string) (daemon.LogConfig, func(), error) {
+	if logFile == "" {
+		return daemon.LogConfig{Stream: e.stderr}, func() {}, nil
 	}
+	if err := os.MkdirAll(filepath.Dir(logFile), 0o755); err != nil {
+		return daemon.LogConfig{}, nil, fmt.Errorf("opening --log-file: %w", err)
+	}
+	f, err := os.OpenFile(logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	if err != nil {
+		return daemon.LogConfig{}, nil, fmt.Errorf("opening --log-file: %w", err)
+	}
+	return daemon.LogConfig{Stream: f}, func() { f.Close() }, nil
+}
+
+// serveDataPlane runs cfg, turning its errors into usage errors and hints.
+func serveDataPlane(ctx context.Context, cfg daemon.Config) error {
+	err := daemon.Run(ctx, cfg)
+	switch {
+	case errors.Is(err, daemon.ErrAllowlist):
+		return withHint(err, "fix the listed lines (check a file with `abox allowlist check FILE`)")
+	case errors.Is(err, daemon.ErrConfig), errors.Is(err, daemon.ErrListen):
+		return usageError{err}
+	}
+	return err
 }

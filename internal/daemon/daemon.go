@@ -1,6 +1,9 @@
-// Package daemon runs one instance's filters: the policy engine with its file
-// watch and SIGHUP reload, the filter services and the local API, under one
-// errgroup with explicit readiness and bounded shutdown.
+// Package daemon is the one place the data plane is built: from one Config it
+// makes the decision logs, the policy engine (file watch, SIGHUP reload), the
+// resolver, the DNS filter and the proxy with its CA, and the local API; it
+// runs them under one errgroup with explicit readiness and takes them down in
+// reverse order. `abox dns serve`, `abox http serve` and the per-instance
+// daemon are all Run with different Configs.
 package daemon
 
 import (
@@ -27,7 +30,7 @@ type Service interface {
 	Serve(ctx context.Context) error
 }
 
-// Options configures Run.
+// Options is a built data plane, ready to serve.
 type Options struct {
 	Instance string
 	Policy   *policy.Engine
@@ -43,9 +46,10 @@ type Options struct {
 	Ready func()
 }
 
-// Run serves until ctx ends or a service fails; any failure stops everything,
-// so a broken filter never leaves the others running half-configured.
-func Run(ctx context.Context, o Options) error {
+// serve runs o until ctx ends or a service fails; any failure stops
+// everything, so a broken filter never leaves the others running
+// half-configured.
+func serve(ctx context.Context, o Options) error {
 	if o.Policy == nil {
 		return errors.New("running filters: no policy")
 	}

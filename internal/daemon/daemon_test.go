@@ -48,7 +48,7 @@ func TestRunServesAPIAndReloadsOnHangup(t *testing.T) {
 	ready := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, Options{Instance: "t", Policy: eng, Services: []Service{svc{name: "dns"}}, APISocket: sock, Ready: func() { close(ready) }})
+		done <- serve(ctx, Options{Instance: "t", Policy: eng, Services: []Service{svc{name: "dns"}}, APISocket: sock, Ready: func() { close(ready) }})
 	}()
 	select {
 	case <-ready:
@@ -85,7 +85,7 @@ func TestServiceFailureStopsEverything(t *testing.T) {
 	eng, sock := setup(t)
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(context.Background(), Options{Instance: "t", Policy: eng,
+		done <- serve(context.Background(), Options{Instance: "t", Policy: eng,
 			Services: []Service{svc{name: "dns"}, svc{name: "http", err: errors.New("listener closed")}}, APISocket: sock})
 	}()
 	select {

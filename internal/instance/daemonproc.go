@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/api"
+	"github.com/abox-dev/abox/internal/daemon"
 	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/paths"
 )
@@ -87,6 +88,21 @@ func (d *ProcessDaemon) waitReady(ctx context.Context, name string, exited <-cha
 	}
 }
 
+// Filters implements DaemonControl: up only when the API answers with both
+// filters, whatever pid files say.
+func (d *ProcessDaemon) Filters(ctx context.Context, name string) string {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	st, err := api.NewClient(FilesOf(d.Layout, name).APISocket).Status(ctx)
+	switch {
+	case err == nil && st.Components["dns"] != nil && st.Components["http"] != nil:
+		return FiltersUp
+	case d.PID(name) != 0:
+		return FiltersRestarting
+	}
+	return FiltersDown
+}
+
 // Stop implements DaemonControl.
 func (d *ProcessDaemon) Stop(ctx context.Context, name string) error {
 	pid := d.PID(name)
@@ -157,38 +173,42 @@ func tailFile(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// Supervise is the body of `abox daemon supervise NAME`: it runs
-// `EXE daemon run NAME` and restarts it whenever it exits, with backoff,
-// until ctx ends; then it stops the child and returns.
+// Supervise is the body of `abox daemon supervise NAME`: it binds the
+// instance's filter sockets once and runs `EXE daemon run NAME` on them,
+// restarting it whenever it exits, with backoff, until ctx ends; then it
+// stops the child and returns. Because the supervisor holds the sockets for
+// its whole life, no other local process can take GATEWAY:53 or the proxy
+// port while a filter process restarts: the guest's packets wait in the
+// socket queues (or time out) and are answered by the next filter process
+// only. Each child is killed if the supervisor dies (Pdeathsig).
 func Supervise(ctx context.Context, l paths.Layout, exe, name string, log io.Writer) error {
 	f := FilesOf(l, name)
+	st, err := Load(l, name)
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(f.RunDir, 0o700); err != nil {
 		return err
 	}
+	socks, err := daemon.BindSockets(FilterAddrs(st))
+	if err != nil {
+		return fmt.Errorf("binding the filters' sockets for %s: %w", name, err)
+	}
+	defer socks.Close()
 	if err := fsutil.WriteFileAtomic(f.DaemonPID, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
 		return err
 	}
 	defer os.Remove(f.DaemonPID)
 	backoff := 200 * time.Millisecond
 	for {
-		cmd := exec.Command(exe, "daemon", "run", name)
-		cmd.Env = append(os.Environ(), paths.EnvHome+"="+l.Root)
-		cmd.Stdout, cmd.Stderr = log, log
 		started := time.Now()
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("starting filters: %w", err)
+		done, stop, err := startChild(l, exe, name, socks, log)
+		if err != nil {
+			return err
 		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
 		select {
 		case <-ctx.Done():
-			cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-done:
-			case <-time.After(8 * time.Second):
-				cmd.Process.Kill()
-				<-done
-			}
+			stop()
 			return nil
 		case err := <-done:
 			fmt.Fprintf(log, "{\"time\":%q,\"level\":\"ERROR\",\"msg\":\"filters exited; restarting\",\"instance\":%q,\"error\":%q,\"backoff\":%q}\n",
@@ -204,4 +224,40 @@ func Supervise(ctx context.Context, l paths.Layout, exe, name string, log io.Wri
 		}
 		backoff = min(backoff*2, 5*time.Second)
 	}
+}
+
+// startChild starts one filter process on socks. done yields its exit;
+// stop asks it to end (SIGTERM, then SIGKILL after 8s) and waits.
+func startChild(l paths.Layout, exe, name string, socks *daemon.Sockets, log io.Writer) (done <-chan error, stop func(), err error) {
+	files, env, err := socks.Files()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	cmd := exec.Command(exe, "daemon", "run", name)
+	cmd.Env = append(os.Environ(), paths.EnvHome+"="+l.Root, env)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.ExtraFiles = files
+	// The child must not outlive the supervisor: an orphan would keep
+	// serving with nobody restarting or stopping it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("starting filters: %w", err)
+	}
+	ch := make(chan error, 1)
+	go func() { ch <- cmd.Wait() }()
+	stop = func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-ch:
+		case <-time.After(8 * time.Second):
+			cmd.Process.Kill()
+			<-ch
+		}
+	}
+	return ch, stop, nil
 }

@@ -241,6 +241,13 @@ func (d *fakeDaemon) PID(name string) int {
 	return 0
 }
 
+func (d *fakeDaemon) Filters(ctx context.Context, name string) string {
+	if d.PID(name) != 0 {
+		return FiltersUp
+	}
+	return FiltersDown
+}
+
 type fakeSeeds struct{ fail bool }
 
 func (s fakeSeeds) WriteSeed(ctx context.Context, path string, in SeedInput) error {

@@ -19,7 +19,22 @@ type DaemonControl interface {
 	Stop(ctx context.Context, name string) error
 	// PID returns the supervisor's pid, 0 when not running.
 	PID(name string) int
+	// Filters reports the filters' readiness as their API answers it:
+	// FiltersUp, FiltersRestarting or FiltersDown.
+	Filters(ctx context.Context, name string) string
 }
+
+// Readiness of an instance's filters (Info.Filters).
+const (
+	// FiltersUp: the daemon's API answers and both filters serve.
+	FiltersUp = "up"
+	// FiltersRestarting: the supervisor holds the sockets but no filter
+	// process answers (it is starting, or restarting after a crash); the
+	// guest gets no answers meanwhile.
+	FiltersRestarting = "restarting"
+	// FiltersDown: no supervisor.
+	FiltersDown = "down"
+)
 
 // Start brings up the network, the host firewall chain and the filter
 // daemon, then boots the guest. The order matters: the guest must never run
@@ -248,6 +263,8 @@ type Info struct {
 	Status string `json:"status"`
 	// DaemonPID is the filter daemon supervisor's pid, 0 when not running.
 	DaemonPID int `json:"daemon_pid"`
+	// Filters is the filters' readiness from their API (FiltersUp, ...).
+	Filters string `json:"filters"`
 	// LastBoot is the last start and when the guest became ready.
 	LastBoot Boot `json:"last_boot"`
 }
@@ -262,7 +279,7 @@ func (m *Manager) Describe(ctx context.Context, name string) (Info, error) {
 }
 
 func (m *Manager) describe(ctx context.Context, st State) Info {
-	inf := Info{State: st, Status: "unknown", DaemonPID: m.Daemon.PID(st.Name)}
+	inf := Info{State: st, Status: "unknown", DaemonPID: m.Daemon.PID(st.Name), Filters: m.Daemon.Filters(ctx, st.Name)}
 	// A damaged boot record only loses the figure; status still works.
 	inf.LastBoot, _ = LastBoot(m.Layout, st.Name)
 	if m.Hypervisor != nil {

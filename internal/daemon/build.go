@@ -1,0 +1,301 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/abox-dev/abox/internal/ca"
+	"github.com/abox-dev/abox/internal/decisionlog"
+	"github.com/abox-dev/abox/internal/dnsfilter"
+	"github.com/abox-dev/abox/internal/egress"
+	"github.com/abox-dev/abox/internal/httpfilter"
+	"github.com/abox-dev/abox/internal/logring"
+	"github.com/abox-dev/abox/internal/netclass"
+	"github.com/abox-dev/abox/internal/policy"
+	"github.com/abox-dev/abox/internal/upstream"
+)
+
+// ErrConfig marks a Config the caller got wrong (a bad flag), as opposed to
+// the machine refusing (a port in use, a missing file).
+var ErrConfig = errors.New("invalid data plane configuration")
+
+// ErrAllowlist marks an allowlist file that does not load; the error names
+// the bad lines.
+var ErrAllowlist = errors.New("allowlist rejected")
+
+// ErrListen marks a listening address that cannot be bound (in use, not an
+// address of this host, a bad address).
+var ErrListen = errors.New("cannot listen")
+
+// listenError carries ErrListen without changing the message.
+type listenError struct{ err error }
+
+func (e listenError) Error() string        { return e.err.Error() }
+func (e listenError) Unwrap() error        { return e.err }
+func (e listenError) Is(target error) bool { return target == ErrListen }
+
+// Run builds the data plane cfg describes (logs, policy, resolver, the
+// filters, CA and local API), serves until ctx ends or a part fails, and
+// then takes everything down in the reverse order it was built.
+func Run(ctx context.Context, cfg Config) error {
+	if err := cfg.check(); err != nil {
+		return err
+	}
+	var b builder
+	defer b.closeAll()
+	opts, info, err := b.build(cfg)
+	if err != nil {
+		return err
+	}
+	opts.Ready = func() {
+		if cfg.Ready != nil {
+			cfg.Ready(info)
+		}
+	}
+	return serve(ctx, opts)
+}
+
+func (cfg *Config) check() error {
+	switch {
+	case cfg.Instance == "":
+		return fmt.Errorf("%w: no instance name", ErrConfig)
+	case cfg.AllowlistPath == "":
+		return fmt.Errorf("%w: no allowlist file", ErrConfig)
+	case cfg.APISocket == "":
+		return fmt.Errorf("%w: no API socket", ErrConfig)
+	case cfg.DNS == nil && cfg.HTTP == nil:
+		return fmt.Errorf("%w: neither the DNS filter nor the proxy is on", ErrConfig)
+	case cfg.HTTP != nil && cfg.HTTP.CADir == "":
+		return fmt.Errorf("%w: the proxy needs a CA directory", ErrConfig)
+	}
+	if d := cfg.DNS; d != nil {
+		lo, hi := or(d.MinTTL, DefaultMinTTL), or(d.MaxTTL, DefaultMaxTTL)
+		if lo < time.Second || hi < lo {
+			return fmt.Errorf("%w: TTL floor %s and ceiling %s: want 1s <= floor <= ceiling", ErrConfig, lo, hi)
+		}
+	}
+	for _, u := range cfg.Upstreams {
+		if _, err := upstream.ParseServer(u); err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+	}
+	return nil
+}
+
+func or[T int | float64 | time.Duration](v, d T) T {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+// builder remembers what was built so it can be undone in reverse.
+type builder struct{ undo []func() }
+
+func (b *builder) onClose(f func()) { b.undo = append(b.undo, f) }
+
+func (b *builder) closeAll() {
+	for i := len(b.undo) - 1; i >= 0; i-- {
+		b.undo[i]()
+	}
+}
+
+// decisionStream is one filter's decision log: the writer the filter
+// encodes into and the ring the API serves.
+type decisionStream struct {
+	w    *decisionlog.Writer
+	ring *logring.Ring
+}
+
+func (b *builder) stream(lc LogConfig, file string) (decisionStream, error) {
+	ring := logring.New(or(lc.RingLines, 2000))
+	out := lc.Stream
+	if lc.Dir != "" {
+		if err := os.MkdirAll(lc.Dir, 0o700); err != nil {
+			return decisionStream{}, fmt.Errorf("opening the decision log: %w", err)
+		}
+		f, err := os.OpenFile(filepath.Join(lc.Dir, file), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			return decisionStream{}, fmt.Errorf("opening the decision log: %w", err)
+		}
+		b.onClose(func() { f.Close() })
+		out = f
+	}
+	if out == nil {
+		out = io.Discard
+	}
+	w := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{out, ring}})
+	b.onClose(func() { w.Close() }) // flushed before its file closes
+	return decisionStream{w: w, ring: ring}, nil
+}
+
+func (b *builder) build(cfg Config) (Options, Info, error) {
+	var (
+		info  Info
+		svcs  []Service
+		logs  = map[string]*logring.Ring{}
+		dns   decisionStream
+		httpd decisionStream
+		err   error
+	)
+	if cfg.DNS != nil {
+		if dns, err = b.stream(cfg.Logs, "dns.log"); err != nil {
+			return Options{}, info, err
+		}
+		logs["dns"] = dns.ring
+	}
+	if cfg.HTTP != nil {
+		if httpd, err = b.stream(cfg.Logs, "http.log"); err != nil {
+			return Options{}, info, err
+		}
+		logs["http"] = httpd.ring
+	}
+	// Diagnostics: into the decision stream when there is one stream, to
+	// Diag when each filter has its own file.
+	var diag io.Writer = io.Discard
+	switch {
+	case cfg.Logs.Dir != "" && cfg.Logs.Diag != nil:
+		diag = cfg.Logs.Diag
+	case cfg.Logs.Dir == "" && dns.w != nil:
+		diag = dns.w
+	case cfg.Logs.Dir == "":
+		diag = httpd.w
+	}
+	log := slog.New(slog.NewJSONHandler(diag, nil))
+
+	pol, err := policy.New(policy.Config{AllowlistPath: cfg.AllowlistPath, Logger: log})
+	if err != nil {
+		return Options{}, info, fmt.Errorf("%w: %w", ErrAllowlist, err)
+	}
+	if cfg.Passive {
+		pol.SetMode(policy.Passive)
+	}
+	info.Mode = string(pol.Mode())
+	host, err := netclass.HostAddrs()
+	if err != nil {
+		return Options{}, info, err
+	}
+	host = append(host, cfg.HostAddrs...)
+	res, err := upstream.New(upstream.Config{Servers: cfg.Upstreams, Timeout: cfg.UpstreamTimeout})
+	if err != nil {
+		return Options{}, info, err
+	}
+	info.Upstreams = res.Servers()
+
+	if d := cfg.DNS; d != nil {
+		pc, ln := d.PacketConn, d.Listener
+		if pc == nil && ln == nil {
+			if pc, ln, err = dnsfilter.Listen(d.Listen); err != nil {
+				return Options{}, info, listenError{err}
+			}
+		}
+		b.onClose(func() {
+			if pc != nil {
+				pc.Close()
+			}
+			if ln != nil {
+				ln.Close()
+			}
+		})
+		srv, err := dnsfilter.New(dnsfilter.Config{
+			PacketConn: pc, Listener: ln,
+			Policy: pol, Upstream: res,
+			Addrs:  netclass.New(netclass.Options{Permit: cfg.AllowPrivate, PermitHost: cfg.AllowHost, Host: host}),
+			Logger: slog.New(slog.NewJSONHandler(dns.w, nil)), DecisionLog: dns.w,
+			MinTTL: d.MinTTL, MaxTTL: d.MaxTTL,
+			CacheSize: d.CacheSize, RateLimit: d.RateLimit, RateBurst: d.RateBurst,
+		})
+		if err != nil {
+			return Options{}, info, err
+		}
+		info.DNSAddr = srv.Addr()
+		svcs = append(svcs, srv)
+	}
+	var keylog *httpfilter.Proxy
+	if h := cfg.HTTP; h != nil {
+		authority, err := ca.New(ca.Config{Dir: h.CADir, Name: cfg.Instance})
+		if err != nil {
+			return Options{}, info, err
+		}
+		// Create the CA now, not at the first CONNECT: the guest must be
+		// able to trust ca.crt before its first connection.
+		if _, err := authority.CertPEM(); err != nil {
+			return Options{}, info, err
+		}
+		info.CACert = filepath.Join(h.CADir, ca.CertFile)
+		roots, err := ca.UpstreamRoots(h.UpstreamCA)
+		if err != nil {
+			return Options{}, info, err
+		}
+		// With a parent proxy the guard's checked addresses are dialled
+		// through it; without one, directly.
+		var dialer egress.Dialer
+		if h.UpstreamProxy != "" {
+			pp, err := egress.NewParentProxy(h.UpstreamProxy, h.UpstreamProxyCredentials)
+			if err != nil {
+				return Options{}, info, err
+			}
+			dialer = pp
+		}
+		phost := host
+		ln := h.Listener
+		if ln == nil {
+			ap, err := netip.ParseAddrPort(h.Listen)
+			if err != nil {
+				return Options{}, info, listenError{fmt.Errorf("proxy address %q: want IP:PORT (for example 10.10.10.1:3128)", h.Listen)}
+			}
+			if ln, err = net.Listen("tcp", ap.String()); err != nil {
+				return Options{}, info, listenError{fmt.Errorf("proxy: %w", err)}
+			}
+		}
+		b.onClose(func() { ln.Close() })
+		// The proxy's own address is the gateway the guest sees: never a
+		// destination.
+		if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil && !ap.Addr().IsUnspecified() {
+			phost = append(append([]netip.Addr(nil), host...), ap.Addr().Unmap())
+		}
+		proxy, err := httpfilter.New(httpfilter.Config{
+			Listener:       ln,
+			Policy:         pol,
+			Resolver:       res,
+			Addresses:      netclass.New(netclass.Options{Permit: cfg.AllowPrivate, PermitHost: cfg.AllowHost, Host: phost}),
+			Ports:          h.Ports,
+			CA:             authority,
+			NoMITM:         h.NoMITM,
+			MITMExceptions: h.MITMExceptions,
+			UpstreamRoots:  roots,
+			Dialer:         dialer,
+			KeyLogPath:     h.KeyLogPath,
+			Decisions:      httpd.w,
+			Logger:         log,
+			MaxConns:       or(h.MaxConns, DefaultMaxConns),
+			IdleTimeout:    or(h.IdleTimeout, DefaultIdleTimeout),
+		})
+		if err != nil {
+			return Options{}, info, err
+		}
+		info.HTTPAddr = proxy.Addr()
+		svcs = append(svcs, proxy)
+		keylog = proxy
+	}
+	o := Options{
+		Instance:  cfg.Instance,
+		Policy:    pol,
+		Services:  svcs,
+		Logs:      logs,
+		APISocket: cfg.APISocket,
+		Logger:    log,
+	}
+	if keylog != nil {
+		o.KeyLog = keylog
+	}
+	return o, info, nil
+}

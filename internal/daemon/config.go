@@ -1,0 +1,147 @@
+package daemon
+
+import (
+	"io"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/abox-dev/abox/internal/dnsfilter"
+	"github.com/abox-dev/abox/internal/upstream"
+)
+
+// Defaults of the data plane, for commands that show them in their flags.
+const (
+	DefaultMinTTL          = dnsfilter.DefaultMinTTL
+	DefaultMaxTTL          = dnsfilter.DefaultMaxTTL
+	DefaultCacheSize       = dnsfilter.DefaultCacheSize
+	DefaultRateLimit       = dnsfilter.DefaultRateLimit
+	DefaultRateBurst       = dnsfilter.DefaultRateBurst
+	DefaultUpstreamTimeout = upstream.DefaultTimeout
+	DefaultMaxConns        = 1024
+	DefaultIdleTimeout     = 10 * time.Minute
+)
+
+// Config is everything one data plane is built from: `abox dns serve`,
+// `abox http serve` and the per-instance daemon differ only in it.
+type Config struct {
+	// Instance names the API's instance and the CA's subject; required.
+	Instance string
+	// AllowlistPath is the allowlist file, watched and reloaded; required.
+	AllowlistPath string
+	// Passive starts in passive mode. The zero value is active, so a daemon
+	// that forgets to set it fails closed.
+	Passive bool
+	// APISocket is the unix socket of the local API; required.
+	APISocket string
+
+	// Upstreams are resolver addresses (IP or IP:PORT) in failover order;
+	// empty means the host's (/etc/resolv.conf).
+	Upstreams []string
+	// UpstreamTimeout bounds the tries against one resolver; 0 means
+	// DefaultUpstreamTimeout.
+	UpstreamTimeout time.Duration
+	// AllowPrivate are the private or reserved ranges that answers may
+	// contain and the proxy may connect to.
+	AllowPrivate []netip.Prefix
+	// AllowHost are ranges the guest may reach although they hold host
+	// addresses, loopback or other instances' networks (AllowPrivate never
+	// opens those).
+	AllowHost []netip.Prefix
+	// HostAddrs are addresses of this host besides those on its interfaces
+	// now (a gateway whose bridge is not up yet); they are never
+	// destinations, whatever AllowPrivate says.
+	HostAddrs []netip.Addr
+
+	// DNS is the DNS filter, nil for none.
+	DNS *DNSConfig
+	// HTTP is the proxy, nil for none. At least one of DNS and HTTP is set.
+	HTTP *HTTPConfig
+
+	Logs LogConfig
+
+	// Ready is called once every listener is bound and the API answers.
+	Ready func(Info)
+}
+
+// DNSConfig configures the DNS filter.
+type DNSConfig struct {
+	// Listen is the IP:PORT served on UDP and TCP, used when PacketConn and
+	// Listener are nil.
+	Listen string
+	// PacketConn and Listener are sockets bound by someone else (the
+	// supervisor); Run owns them once called.
+	PacketConn net.PacketConn
+	Listener   net.Listener
+	// MinTTL and MaxTTL bound cached and served TTLs; 0 means the defaults.
+	MinTTL, MaxTTL time.Duration
+	// CacheSize bounds cached answers: 0 means DefaultCacheSize, negative
+	// disables the cache.
+	CacheSize int
+	// RateLimit is queries per second per client: 0 means
+	// DefaultRateLimit, negative disables it; RateBurst 0 means the default.
+	RateLimit float64
+	RateBurst int
+}
+
+// HTTPConfig configures the proxy.
+type HTTPConfig struct {
+	// Listen is the IP:PORT served, used when Listener is nil. An address
+	// other than the unspecified one is the gateway the guest sees and is
+	// never a destination.
+	Listen   string
+	Listener net.Listener
+	// Ports are the destination ports allowed; empty means 80 and 443.
+	Ports []uint16
+	// CADir holds the interception CA, created on first run; required.
+	CADir string
+	// NoMITM tunnels every CONNECT instead of intercepting it;
+	// MITMExceptions tunnels these hosts only.
+	NoMITM         bool
+	MITMExceptions []string
+	// UpstreamCA is a PEM file of roots trusted for origins besides the
+	// system roots, or empty.
+	UpstreamCA string
+	// UpstreamProxy is a parent proxy (http://HOST:PORT) the checked
+	// addresses are dialled through, or empty for direct connections;
+	// UpstreamProxyCredentials is a file with its USER:PASSWORD.
+	UpstreamProxy            string
+	UpstreamProxyCredentials string
+	// KeyLogPath is where the TLS key log goes when switched on.
+	KeyLogPath string
+	// MaxConns bounds concurrent guest connections (0: DefaultMaxConns);
+	// IdleTimeout closes a connection idle this long (0: DefaultIdleTimeout).
+	MaxConns    int
+	IdleTimeout time.Duration
+}
+
+// LogConfig says where decision lines and diagnostics go.
+type LogConfig struct {
+	// Dir, when set, receives one decision log per filter (dns.log,
+	// http.log, mode 0600); diagnostics then go to Diag.
+	Dir string
+	// Stream, when Dir is empty, receives decision lines and diagnostics
+	// alike, as JSON lines.
+	Stream io.Writer
+	// Diag receives diagnostics when Dir is set; nil discards them.
+	Diag io.Writer
+	// RingLines is how many recent lines per filter the API keeps for
+	// `abox dns logs` / `abox http logs`; 0 means 2000.
+	RingLines int
+}
+
+// Info is what a started data plane tells its caller.
+type Info struct {
+	// DNSAddr and HTTPAddr are the bound addresses, nil for a filter that is off.
+	DNSAddr, HTTPAddr net.Addr
+	// Upstreams are the resolvers in use, in failover order.
+	Upstreams []string
+	// Mode is the policy mode at start ("active" or "passive").
+	Mode string
+	// CACert is the interception CA's certificate file, when the proxy runs.
+	CACert string
+}
+
+// ParseUpstream checks a resolver address as Config.Upstreams takes it and
+// returns it as IP:PORT.
+func ParseUpstream(s string) (string, error) { return upstream.ParseServer(s) }
