@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/abox-dev/abox/internal/api"
 	"github.com/abox-dev/abox/internal/ca"
 	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/dnsfilter"
@@ -20,6 +21,7 @@ import (
 	"github.com/abox-dev/abox/internal/logring"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
+	"github.com/abox-dev/abox/internal/resolver"
 	"github.com/abox-dev/abox/internal/upstream"
 )
 
@@ -184,11 +186,26 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 		return Options{}, info, err
 	}
 	host = append(host, cfg.HostAddrs...)
-	res, err := upstream.New(upstream.Config{Servers: cfg.Upstreams, Timeout: cfg.UpstreamTimeout})
+	up, err := upstream.New(upstream.Config{Servers: cfg.Upstreams, Timeout: cfg.UpstreamTimeout})
 	if err != nil {
 		return Options{}, info, err
 	}
-	info.Upstreams = res.Servers()
+	info.Upstreams = up.Servers()
+	// One resolver for both filters, with the DNS filter's TTL bounds: a
+	// name the guest resolved costs the proxy no second lookup.
+	rc := resolver.Config{Upstream: up}
+	if d := cfg.DNS; d != nil {
+		rc.MinTTL, rc.MaxTTL = d.MinTTL, d.MaxTTL
+		if d.CacheSize < 0 {
+			rc.Entries = -1
+		} else {
+			rc.Entries = d.CacheSize
+		}
+	}
+	res, err := resolver.New(rc)
+	if err != nil {
+		return Options{}, info, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 
 	if d := cfg.DNS; d != nil {
 		pc, ln := d.PacketConn, d.Listener
@@ -293,9 +310,16 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 		Logs:      logs,
 		APISocket: cfg.APISocket,
 		Logger:    log,
+		Extra:     []api.Component{resolverComponent{res}},
 	}
 	if keylog != nil {
 		o.KeyLog = keylog
 	}
 	return o, info, nil
 }
+
+// resolverComponent shows the shared resolver's cache in the API status.
+type resolverComponent struct{ r *resolver.Resolver }
+
+func (resolverComponent) Name() string { return "resolver" }
+func (c resolverComponent) Stats() any { return c.r.Stats() }

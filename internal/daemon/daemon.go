@@ -35,6 +35,9 @@ type Options struct {
 	Instance string
 	Policy   *policy.Engine
 	Services []Service
+	// Extra are components shown in the API status that serve nothing
+	// themselves (the shared resolver).
+	Extra []api.Component
 	// Logs are the services' decision-log rings, keyed by service name.
 	Logs map[string]*logring.Ring
 	// KeyLog is the HTTP filter's key-log switch, if any.
@@ -63,10 +66,11 @@ func serve(ctx context.Context, o Options) error {
 	}
 	defer os.Remove(o.APISocket)
 
-	comps := make([]api.Component, 0, len(o.Services))
+	comps := make([]api.Component, 0, len(o.Services)+len(o.Extra))
 	for _, s := range o.Services {
 		comps = append(comps, s)
 	}
+	comps = append(comps, o.Extra...)
 	srv := &api.Server{Instance: o.Instance, Policy: o.Policy, Components: comps, Logs: o.Logs, KeyLog: o.KeyLog, Logger: log}
 
 	g, gctx := errgroup.WithContext(ctx)

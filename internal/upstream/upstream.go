@@ -272,17 +272,33 @@ func sameQuestion(q, r *dns.Msg) error {
 	return nil
 }
 
+// Exchanger sends one query and returns the answer; *Client and the
+// daemon's caching resolver implement it.
+type Exchanger interface {
+	Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, time.Duration, error)
+}
+
 // LookupNetIP resolves host to its IPv4 and IPv6 addresses (A and AAAA asked
 // in parallel), following CNAME chains inside the answers. The addresses are
 // not filtered: callers classify them. An IP literal is returned as is. A
 // name with no address is a *net.DNSError with IsNotFound set.
 func (c *Client) LookupNetIP(ctx context.Context, host string) ([]netip.Addr, error) {
+	return LookupNetIP(ctx, c, host, c.udpSize)
+}
+
+// LookupNetIP is Client.LookupNetIP through any Exchanger, advertising
+// udpSize in EDNS0. A lost answer (a timeout) is a temporary error, never
+// "no such host".
+func LookupNetIP(ctx context.Context, ex Exchanger, host string, udpSize uint16) ([]netip.Addr, error) {
 	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
 		return []netip.Addr{a}, nil
 	}
 	name := dns.Fqdn(host)
 	if _, ok := dns.IsDomainName(name); !ok {
 		return nil, &net.DNSError{Err: "invalid host name", Name: host}
+	}
+	if udpSize == 0 {
+		udpSize = DefaultUDPSize
 	}
 	type result struct {
 		addrs []netip.Addr
@@ -291,7 +307,7 @@ func (c *Client) LookupNetIP(ctx context.Context, host string) ([]netip.Addr, er
 	ch := make(chan result, 2)
 	for _, t := range []uint16{dns.TypeA, dns.TypeAAAA} {
 		go func() {
-			a, err := c.lookupType(ctx, name, t)
+			a, err := lookupType(ctx, ex, name, t, udpSize)
 			ch <- result{a, err}
 		}()
 	}
@@ -317,11 +333,11 @@ func (c *Client) LookupNetIP(ctx context.Context, host string) ([]netip.Addr, er
 	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
 }
 
-func (c *Client) lookupType(ctx context.Context, name string, t uint16) ([]netip.Addr, error) {
+func lookupType(ctx context.Context, ex Exchanger, name string, t, udpSize uint16) ([]netip.Addr, error) {
 	m := new(dns.Msg)
 	m.SetQuestion(name, t)
-	m.SetEdns0(c.udpSize, false)
-	r, _, err := c.Exchange(ctx, m)
+	m.SetEdns0(udpSize, false)
+	r, _, err := ex.Exchange(ctx, m)
 	if err != nil {
 		return nil, err
 	}

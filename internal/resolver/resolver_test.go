@@ -1,0 +1,216 @@
+package resolver_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/abox-dev/abox/internal/egress"
+	"github.com/abox-dev/abox/internal/netclass"
+	"github.com/abox-dev/abox/internal/resolver"
+	"github.com/abox-dev/abox/internal/testutil/fakedns"
+	"github.com/abox-dev/abox/internal/upstream"
+)
+
+// clock is a settable test clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func setup(t *testing.T, f *fakedns.Server) (*resolver.Resolver, *clock) {
+	t.Helper()
+	up, err := upstream.New(upstream.Config{Servers: []string{f.Addr}, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	r, err := resolver.New(resolver.Config{Upstream: up, MinTTL: 5 * time.Second, MaxTTL: 300 * time.Second, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, clk
+}
+
+func ask(t *testing.T, r *resolver.Resolver, name string, qtype uint16) *dns.Msg {
+	t.Helper()
+	m := new(dns.Msg).SetQuestion(name, qtype)
+	m.SetEdns0(1232, false)
+	resp, _, err := r.Exchange(context.Background(), m)
+	if err != nil {
+		t.Fatalf("Exchange(%s): %v", name, err)
+	}
+	if resp.Id != m.Id {
+		t.Fatalf("answer ID %d, query ID %d", resp.Id, m.Id)
+	}
+	return resp
+}
+
+// An answer is kept for its TTL, but never less than the floor nor more
+// than the ceiling, and is served with its TTL counting down.
+func TestTTLFloorAndCeiling(t *testing.T) {
+	f := fakedns.StartT(t).Add(
+		"short.test. 1 IN A 93.184.215.1",
+		"long.test. 86400 IN A 93.184.215.2",
+		"mid.test. 60 IN A 93.184.215.3",
+	)
+	r, clk := setup(t, f)
+	tests := []struct {
+		name       string
+		hitUntil   time.Duration // still cached at this age
+		missAt     time.Duration // fetched again at this age
+		servedTTL0 uint32        // TTL served right after the fetch
+	}{
+		{name: "short.test.", hitUntil: 4 * time.Second, missAt: 6 * time.Second, servedTTL0: 5},
+		{name: "long.test.", hitUntil: 299 * time.Second, missAt: 301 * time.Second, servedTTL0: 300},
+		{name: "mid.test.", hitUntil: 59 * time.Second, missAt: 61 * time.Second, servedTTL0: 60},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := clk.Now()
+			ask(t, r, tt.name, dns.TypeA)
+			before := f.CountFor(tt.name)
+			if got := ask(t, r, tt.name, dns.TypeA).Answer[0].Header().Ttl; got != tt.servedTTL0 {
+				t.Errorf("served TTL %d, want %d", got, tt.servedTTL0)
+			}
+			clk.Add(tt.hitUntil)
+			resp := ask(t, r, tt.name, dns.TypeA)
+			if got := f.CountFor(tt.name); got != before {
+				t.Errorf("at age %s the upstream was asked again (%d queries, want %d)", tt.hitUntil, got, before)
+			}
+			if got, want := resp.Answer[0].Header().Ttl, tt.servedTTL0-uint32(tt.hitUntil/time.Second); got != want {
+				t.Errorf("at age %s served TTL %d, want %d", tt.hitUntil, got, want)
+			}
+			clk.t = start.Add(tt.missAt)
+			ask(t, r, tt.name, dns.TypeA)
+			if got := f.CountFor(tt.name); got != before+1 {
+				t.Errorf("at age %s: %d upstream queries, want %d (expired)", tt.missAt, got, before+1)
+			}
+		})
+	}
+}
+
+// NXDOMAIN is cached for the SOA's negative TTL (clamped), and without an
+// SOA for the floor only; failures are never cached.
+func TestNegativeCaching(t *testing.T) {
+	f := fakedns.StartT(t)
+	f.Handle("gone.test", func(req *dns.Msg) *dns.Msg {
+		m := new(dns.Msg).SetRcode(req, dns.RcodeNameError)
+		soa, _ := dns.NewRR("test. 3600 IN SOA ns.test. admin.test. 1 7200 900 1209600 60")
+		m.Ns = []dns.RR{soa}
+		return m
+	})
+	f.Handle("nosoa.test", func(req *dns.Msg) *dns.Msg { return new(dns.Msg).SetRcode(req, dns.RcodeNameError) })
+	f.SetRcode("broken.test", dns.RcodeServerFailure)
+	r, clk := setup(t, f)
+
+	ask(t, r, "gone.test.", dns.TypeA)
+	clk.Add(59 * time.Second)
+	if got := ask(t, r, "gone.test.", dns.TypeA); got.Rcode != dns.RcodeNameError || f.CountFor("gone.test") != 1 {
+		t.Errorf("NXDOMAIN within its negative TTL: rcode %s, %d upstream queries; want NXDOMAIN from cache", dns.RcodeToString[got.Rcode], f.CountFor("gone.test"))
+	}
+	clk.Add(2 * time.Second)
+	ask(t, r, "gone.test.", dns.TypeA)
+	if f.CountFor("gone.test") != 2 {
+		t.Errorf("NXDOMAIN past its negative TTL was not fetched again")
+	}
+
+	ask(t, r, "nosoa.test.", dns.TypeA)
+	clk.Add(6 * time.Second)
+	ask(t, r, "nosoa.test.", dns.TypeA)
+	if f.CountFor("nosoa.test") != 2 {
+		t.Errorf("NXDOMAIN without SOA was kept past the floor")
+	}
+
+	for range 2 {
+		if got := ask(t, r, "broken.test.", dns.TypeA); got.Rcode != dns.RcodeServerFailure {
+			t.Fatalf("rcode %s, want SERVFAIL passed on", dns.RcodeToString[got.Rcode])
+		}
+	}
+	if f.CountFor("broken.test") != 2 {
+		t.Errorf("SERVFAIL was cached: %d upstream queries for two asks", f.CountFor("broken.test"))
+	}
+}
+
+// Concurrent lookups of one name cost one upstream query.
+func TestConcurrentLookupsMerge(t *testing.T) {
+	f := fakedns.StartT(t).Add("busy.test. 60 IN A 93.184.215.4").SetDelay("busy.test", 100*time.Millisecond)
+	r, _ := setup(t, f)
+	var wg sync.WaitGroup
+	var failed atomic.Int32
+	for range 50 {
+		wg.Go(func() {
+			m := new(dns.Msg).SetQuestion("busy.test.", dns.TypeA)
+			if resp, _, err := r.Exchange(context.Background(), m); err != nil || len(resp.Answer) != 1 || resp.Id != m.Id {
+				failed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.Fatalf("%d of 50 merged lookups failed", failed.Load())
+	}
+	if got := f.CountFor("busy.test"); got != 1 {
+		t.Errorf("50 concurrent lookups cost %d upstream queries, want 1", got)
+	}
+	if st := r.Stats(); st.Merged+st.Hits < 49 {
+		t.Errorf("stats %+v: want 49 merged or cached", st)
+	}
+}
+
+// A cached answer is only data: the proxy's guard classifies its addresses
+// on every use, so a private address is refused the second time too, from
+// the cache, and a public one passes.
+func TestCachedPrivateAddressStillRefused(t *testing.T) {
+	f := fakedns.StartT(t).Add("inside.test. 300 IN A 10.0.0.5", "outside.test. 300 IN A 93.184.215.5")
+	r, _ := setup(t, f)
+	g := &egress.Guard{Resolver: r, Policy: netclass.New(netclass.Options{})}
+	for i := range 2 {
+		if _, ref := g.Check(context.Background(), egress.Target{Name: "inside.test", Port: 443}); ref == nil || ref.Class != netclass.Private {
+			t.Errorf("check %d of a name with a private address: refusal %v, want class %s", i+1, ref, netclass.Private)
+		}
+		c, ref := g.Check(context.Background(), egress.Target{Name: "outside.test", Port: 443})
+		if ref != nil || len(c.Addrs) != 1 || c.Addrs[0] != netip.MustParseAddr("93.184.215.5") {
+			t.Errorf("check %d of a public name: %v, %v", i+1, c, ref)
+		}
+	}
+	if f.CountFor("inside.test") != 2 { // A and AAAA, once each
+		t.Errorf("the second check was not served from the cache: %d upstream queries", f.CountFor("inside.test"))
+	}
+}
+
+// The cache never holds more than its bound, however many names a guest
+// asks for.
+func TestCacheIsBounded(t *testing.T) {
+	f := fakedns.StartT(t)
+	for i := range 300 {
+		f.Add(fmt.Sprintf("n%d.test. 300 IN A 93.184.1.%d", i, i%250+1))
+	}
+	up, err := upstream.New(upstream.Config{Servers: []string{f.Addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := resolver.New(resolver.Config{Upstream: up, Entries: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 300 {
+		ask(t, r, fmt.Sprintf("n%d.test.", i), dns.TypeA)
+	}
+	if st := r.Stats(); st.Entries > 100 || st.Evicted < 200 {
+		t.Errorf("stats %+v: want at most 100 entries and 200 evicted", st)
+	}
+}
