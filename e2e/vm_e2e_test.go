@@ -108,10 +108,10 @@ func TestVM(t *testing.T) {
 		s.ctx = cctx
 		if t.Failed() {
 			for _, n := range []string{"dev", "peer"} {
-				if b, err := os.ReadFile(filepath.Join(s.home, "instances", n, "logs", "daemon.log")); err == nil {
+				if b, err := os.ReadFile((paths.Layout{Root: s.home}).Instance(n).DaemonLog); err == nil {
 					t.Logf("%s daemon.log:\n%s", n, tail(string(b), 30))
 				}
-				if b, err := os.ReadFile(filepath.Join(s.home, "instances", n, "logs", "serial.log")); err == nil {
+				if b, err := os.ReadFile((paths.Layout{Root: s.home}).Instance(n).SerialLog); err == nil {
 					t.Logf("%s serial.log:\n%s", n, tail(string(b), 40))
 				}
 			}
@@ -533,7 +533,7 @@ var pidRE = regexp.MustCompile(`^\d+$`)
 // daemonPID is the instance's filter supervisor.
 func (s *suite) daemonPID(t *testing.T, name string) int {
 	t.Helper()
-	b, err := os.ReadFile(instance.FilesOf(paths.Layout{Root: s.home}, name).DaemonPID)
+	b, err := os.ReadFile((paths.Layout{Root: s.home}).Instance(name).DaemonPID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -101,7 +101,7 @@ func (e *env) explainPolicy(ctx context.Context, name string) (explain.Policy, e
 	if !errors.Is(err, api.ErrNotRunning) {
 		return explain.Policy{}, fmt.Errorf("instance %s: asking the filters: %w", name, err)
 	}
-	f, err := os.Open(instance.FilesOf(l, name).Allowlist)
+	f, err := os.Open(l.Instance(name).Allowlist)
 	if err != nil {
 		return explain.Policy{}, fmt.Errorf("instance %s: reading the allowlist: %w", name, err)
 	}

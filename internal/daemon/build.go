@@ -120,11 +120,11 @@ type decisionStream struct {
 func (b *builder) stream(lc LogConfig, file string) (decisionStream, error) {
 	ring := logring.New(or(lc.RingLines, 2000))
 	out := lc.Stream
-	if lc.Dir != "" {
-		if err := os.MkdirAll(lc.Dir, 0o700); err != nil {
+	if file != "" {
+		if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
 			return decisionStream{}, fmt.Errorf("opening the decision log: %w", err)
 		}
-		f, err := os.OpenFile(filepath.Join(lc.Dir, file), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		f, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 		if err != nil {
 			return decisionStream{}, fmt.Errorf("opening the decision log: %w", err)
 		}
@@ -149,13 +149,13 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 		err   error
 	)
 	if cfg.DNS != nil {
-		if dns, err = b.stream(cfg.Logs, "dns.log"); err != nil {
+		if dns, err = b.stream(cfg.Logs, cfg.Logs.DNSFile); err != nil {
 			return Options{}, info, err
 		}
 		logs["dns"] = dns.ring
 	}
 	if cfg.HTTP != nil {
-		if httpd, err = b.stream(cfg.Logs, "http.log"); err != nil {
+		if httpd, err = b.stream(cfg.Logs, cfg.Logs.HTTPFile); err != nil {
 			return Options{}, info, err
 		}
 		logs["http"] = httpd.ring
@@ -164,11 +164,13 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 	// Diag when each filter has its own file.
 	var diag io.Writer = io.Discard
 	switch {
-	case cfg.Logs.Dir != "" && cfg.Logs.Diag != nil:
-		diag = cfg.Logs.Diag
-	case cfg.Logs.Dir == "" && dns.w != nil:
+	case cfg.Logs.DNSFile != "" || cfg.Logs.HTTPFile != "":
+		if cfg.Logs.Diag != nil {
+			diag = cfg.Logs.Diag
+		}
+	case dns.w != nil:
 		diag = dns.w
-	case cfg.Logs.Dir == "":
+	default:
 		diag = httpd.w
 	}
 	log := slog.New(slog.NewJSONHandler(diag, nil))

@@ -117,13 +117,14 @@ type HTTPConfig struct {
 
 // LogConfig says where decision lines and diagnostics go.
 type LogConfig struct {
-	// Dir, when set, receives one decision log per filter (dns.log,
-	// http.log, mode 0600); diagnostics then go to Diag.
-	Dir string
-	// Stream, when Dir is empty, receives decision lines and diagnostics
-	// alike, as JSON lines.
+	// DNSFile and HTTPFile, when set, receive each filter's decision lines
+	// (appended, mode 0600; paths.Instance names them); diagnostics then go
+	// to Diag.
+	DNSFile, HTTPFile string
+	// Stream, when the files are not set, receives decision lines and
+	// diagnostics alike, as JSON lines.
 	Stream io.Writer
-	// Diag receives diagnostics when Dir is set; nil discards them.
+	// Diag receives diagnostics when the files are set; nil discards them.
 	Diag io.Writer
 	// RingLines is how many recent lines per filter the API keeps for
 	// `abox dns logs` / `abox http logs`; 0 means 2000.

@@ -21,7 +21,7 @@ func testTarget(t *testing.T) Target {
 	l := paths.Layout{Root: t.TempDir()}
 	st := instance.State{Name: "dev", User: "abox", GuestIP: netip.MustParseAddr("10.10.5.10"),
 		Gateway: netip.MustParseAddr("10.10.5.1"), ProxyPort: 3128}
-	f := instance.FilesOf(l, st.Name)
+	f := l.Instance(st.Name)
 	if err := os.MkdirAll(filepath.Dir(f.SSHKey), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestSSHFSResolvesGuestSymlinksInTheGuest(t *testing.T) {
 	}
 	bad := testTarget(t)
 	bad.Layout.Root = filepath.Join(bad.Layout.Root, "a b")
-	f := instance.FilesOf(bad.Layout, "dev")
+	f := bad.Layout.Instance("dev")
 	os.MkdirAll(filepath.Dir(f.SSHKey), 0o700)
 	os.WriteFile(f.SSHKey, []byte("k"), 0o600)
 	if _, err := sshfsArgs(bad, Mount{Dir: "/mnt/x"}); err == nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/image"
 	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/paths"
 	"github.com/abox-dev/abox/internal/validate"
 )
 
@@ -132,7 +133,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 	}
 	defer unlock()
 
-	f := FilesOf(m.Layout, spec.Name)
+	f := m.Layout.Instance(spec.Name)
 	if _, err := os.Stat(f.Dir); err == nil {
 		if _, serr := os.Stat(f.State); serr == nil {
 			return State{}, nil, fmt.Errorf("creating %s: an instance of that name exists (remove it with `abox remove %s`, or pick another name)", spec.Name, spec.Name)
@@ -296,15 +297,16 @@ func (m *Manager) define(ctx context.Context, st State, undo *undoStack) (warnin
 }
 
 // ParamsOf maps state to the libvirt builders' parameters.
-func ParamsOf(l interface{ LogsDir(string) string }, st State) libvirt.Params {
+func ParamsOf(l paths.Layout, st State) libvirt.Params {
+	f := l.Instance(st.Name)
 	return libvirt.Params{
 		Name: st.Name, UUID: st.UUID,
 		Bridge: st.Bridge, Subnet: st.Subnet, Gateway: st.Gateway, GuestIP: st.GuestIP, MAC: st.MAC,
 		ProxyPort: st.ProxyPort, CPUs: st.CPUs, MemoryMiB: st.MemoryMiB,
-		DiskPath:      filepath.Join(filepath.Dir(l.LogsDir(st.Name)), "disk.qcow2"),
-		SeedISOPath:   filepath.Join(filepath.Dir(l.LogsDir(st.Name)), "seed.iso"),
-		SerialLogPath: filepath.Join(l.LogsDir(st.Name), "serial.log"),
-		InstanceDir:   filepath.Dir(l.LogsDir(st.Name)),
+		DiskPath:      f.Disk,
+		SeedISOPath:   f.Seed,
+		SerialLogPath: f.SerialLog,
+		InstanceDir:   f.Dir,
 		Kernel:        st.Kernel, Initrd: st.Initrd, Cmdline: st.Cmdline,
 		Accel: libvirt.Accel(st.Accel),
 	}

@@ -33,7 +33,7 @@ type ProcessDaemon struct {
 
 // Start implements DaemonControl.
 func (d *ProcessDaemon) Start(ctx context.Context, st State) error {
-	f := FilesOf(d.Layout, st.Name)
+	f := d.Layout.Instance(st.Name)
 	if d.PID(st.Name) != 0 {
 		return d.waitReady(ctx, st.Name, nil)
 	}
@@ -68,7 +68,7 @@ func (d *ProcessDaemon) waitReady(ctx context.Context, name string, exited <-cha
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c := api.NewClient(FilesOf(d.Layout, name).APISocket)
+	c := api.NewClient(d.Layout.Instance(name).APISocket)
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -93,7 +93,7 @@ func (d *ProcessDaemon) waitReady(ctx context.Context, name string, exited <-cha
 func (d *ProcessDaemon) Filters(ctx context.Context, name string) string {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	st, err := api.NewClient(FilesOf(d.Layout, name).APISocket).Status(ctx)
+	st, err := api.NewClient(d.Layout.Instance(name).APISocket).Status(ctx)
 	switch {
 	case err == nil && st.Components["dns"] != nil && st.Components["http"] != nil:
 		return FiltersUp
@@ -113,7 +113,7 @@ func (d *ProcessDaemon) Stop(ctx context.Context, name string) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		if !alive(pid) {
-			os.Remove(FilesOf(d.Layout, name).DaemonPID)
+			os.Remove(d.Layout.Instance(name).DaemonPID)
 			return nil
 		}
 		select {
@@ -124,14 +124,14 @@ func (d *ProcessDaemon) Stop(ctx context.Context, name string) error {
 	}
 	// The supervisor's process group holds the filter process too.
 	syscall.Kill(-pid, syscall.SIGKILL)
-	os.Remove(FilesOf(d.Layout, name).DaemonPID)
+	os.Remove(d.Layout.Instance(name).DaemonPID)
 	return nil
 }
 
 // PID implements DaemonControl: the supervisor's pid if it is alive and
 // really is this instance's supervisor (pids are reused).
 func (d *ProcessDaemon) PID(name string) int {
-	b, err := os.ReadFile(FilesOf(d.Layout, name).DaemonPID)
+	b, err := os.ReadFile(d.Layout.Instance(name).DaemonPID)
 	if err != nil {
 		return 0
 	}
@@ -182,7 +182,7 @@ func tailFile(path string, n int) string {
 // socket queues (or time out) and are answered by the next filter process
 // only. Each child is killed if the supervisor dies (Pdeathsig).
 func Supervise(ctx context.Context, l paths.Layout, exe, name string, log io.Writer) error {
-	f := FilesOf(l, name)
+	f := l.Instance(name)
 	st, err := Load(l, name)
 	if err != nil {
 		return err

@@ -16,7 +16,7 @@ import (
 // starting active. socks are the sockets the supervisor bound, or nil to
 // bind them here.
 func DataPlane(l paths.Layout, st State, socks *daemon.Sockets, diag io.Writer) daemon.Config {
-	f := FilesOf(l, st.Name)
+	f := l.Instance(st.Name)
 	dnsAddr, httpAddr := FilterAddrs(st)
 	cfg := daemon.Config{
 		Instance:      st.Name,
@@ -39,7 +39,7 @@ func DataPlane(l paths.Layout, st State, socks *daemon.Sockets, diag io.Writer) 
 			UpstreamProxyCredentials: st.UpstreamProxyCredentials,
 			KeyLogPath:               f.KeyLog,
 		},
-		Logs: daemon.LogConfig{Dir: f.LogsDir, Diag: diag},
+		Logs: daemon.LogConfig{DNSFile: f.DNSLog, HTTPFile: f.HTTPLog, Diag: diag},
 	}
 	if socks != nil {
 		cfg.DNS.PacketConn, cfg.DNS.Listener, cfg.HTTP.Listener = socks.DNSPacket, socks.DNSStream, socks.HTTP

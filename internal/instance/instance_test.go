@@ -325,7 +325,7 @@ func TestCreateDefinesEverything(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("calls = %v, want %v (the filter must exist before the domain)", got, want)
 	}
-	f := FilesOf(r.m.Layout, "dev")
+	f := r.m.Layout.Instance("dev")
 	for _, p := range []string{f.State, f.Disk, f.Seed, f.SSHKey, f.KnownHosts, f.Allowlist, filepath.Join(f.CADir, "ca.crt")} {
 		if _, err := os.Stat(p); err != nil {
 			t.Errorf("missing %s: %v", p, err)
@@ -356,7 +356,7 @@ func TestCreateRollsBack(t *testing.T) {
 			if err == nil {
 				t.Fatal("create succeeded")
 			}
-			if _, err := os.Stat(FilesOf(r.m.Layout, "dev").Dir); !errors.Is(err, os.ErrNotExist) {
+			if _, err := os.Stat(r.m.Layout.Instance("dev").Dir); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("instance directory left behind: %v", err)
 			}
 			if len(r.hv.networks)+len(r.hv.filters)+len(r.hv.domains) != 0 {

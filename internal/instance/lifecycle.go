@@ -40,7 +40,7 @@ const (
 // daemon, then boots the guest. The order matters: the guest must never run
 // before the layers that contain it. On failure what was started is stopped.
 func (m *Manager) Start(ctx context.Context, name string) (err error) {
-	unlock, err := lockFile(FilesOf(m.Layout, name).Lock)
+	unlock, err := lockFile(m.Layout.Instance(name).Lock)
 	if err != nil {
 		return err
 	}
@@ -139,7 +139,7 @@ type StopOptions struct {
 // Stop shuts the guest down, then stops the filter daemon and the network.
 // Every step is attempted and every error reported.
 func (m *Manager) Stop(ctx context.Context, name string, o StopOptions) error {
-	unlock, err := lockFile(FilesOf(m.Layout, name).Lock)
+	unlock, err := lockFile(m.Layout.Instance(name).Lock)
 	if err != nil {
 		return err
 	}
@@ -203,7 +203,7 @@ func (m *Manager) stopLocked(ctx context.Context, name string, o StopOptions) er
 // Remove deletes an instance: libvirt objects, firewall chain and files. A
 // running instance is refused unless force, which powers it off first.
 func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
-	unlock, err := lockFile(FilesOf(m.Layout, name).Lock)
+	unlock, err := lockFile(m.Layout.Instance(name).Lock)
 	if err != nil {
 		return err
 	}
@@ -251,7 +251,7 @@ func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
 		// Keep the files so that a retry can finish the job.
 		return fmt.Errorf("removing %s: %w (files kept; run remove again)", name, err)
 	}
-	if err := os.RemoveAll(FilesOf(m.Layout, name).Dir); err != nil {
+	if err := os.RemoveAll(m.Layout.Instance(name).Dir); err != nil {
 		return fmt.Errorf("removing %s: %w", name, err)
 	}
 	return nil

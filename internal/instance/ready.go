@@ -50,7 +50,7 @@ func (b Boot) ReadyAfter() time.Duration {
 }
 
 func bootPath(l paths.Layout, name string) string {
-	return filepath.Join(FilesOf(l, name).Dir, bootFile)
+	return filepath.Join(l.Instance(name).Dir, bootFile)
 }
 
 // LastBoot returns the record of the instance's last start; a zero Boot
@@ -241,7 +241,7 @@ func sshAnswered(err error) bool {
 }
 
 func (m *Manager) notReady(name, reason string) error {
-	f := FilesOf(m.Layout, name)
+	f := m.Layout.Instance(name)
 	return &NotReadyError{Name: name, Reason: reason, Serial: f.SerialLog, LastLog: tailLines(f.SerialLog, 15)}
 }
 

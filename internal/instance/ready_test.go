@@ -115,7 +115,7 @@ func TestWaitReadyWaitsForCloudInit(t *testing.T) {
 func TestWaitReadyTimesOutWithTheConsole(t *testing.T) {
 	r, s := startedRig(t)
 	s.down = 1 << 30
-	f := FilesOf(r.m.Layout, "dev")
+	f := r.m.Layout.Instance("dev")
 	if err := os.MkdirAll(f.LogsDir, 0o700); err != nil {
 		t.Fatal(err)
 	}

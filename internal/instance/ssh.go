@@ -39,7 +39,7 @@ func SSHDestination(st State) string { return st.User + "@" + st.GuestIP.String(
 // SSHOptions returns the hardened options of SSHArgs without the
 // destination, for the tools that take ssh options (scp, sshfs, a forward).
 func SSHOptions(l paths.Layout, st State) ([]string, error) {
-	f := FilesOf(l, st.Name)
+	f := l.Instance(st.Name)
 	if _, err := os.Stat(f.SSHKey); err != nil {
 		return nil, fmt.Errorf("instance %s has no ssh key: %w", st.Name, err)
 	}

@@ -18,7 +18,7 @@ import (
 func TestSSHArgsShareNothingWithTheGuest(t *testing.T) {
 	l := paths.Layout{Root: t.TempDir()}
 	st := State{Name: "dev", User: "abox", GuestIP: netip.MustParseAddr("10.10.5.10")}
-	f := FilesOf(l, st.Name)
+	f := l.Instance(st.Name)
 	if err := os.MkdirAll(filepath.Dir(f.SSHKey), 0o700); err != nil {
 		t.Fatal(err)
 	}

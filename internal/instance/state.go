@@ -20,9 +20,8 @@ import (
 	"github.com/abox-dev/abox/internal/validate"
 )
 
-// StateFile is written last at create, so a directory without it is a
-// creation in progress (or an interrupted one) and is not an instance.
-const StateFile = "instance.json"
+// StateFile is the state's file name inside the instance directory.
+const StateFile = paths.StateFile
 
 // Default resource and network settings.
 const (
@@ -82,49 +81,6 @@ type State struct {
 	Cmdline string `json:"cmdline,omitempty"`
 }
 
-// Files of an instance directory.
-type Files struct {
-	Dir        string
-	State      string
-	Disk       string
-	Seed       string
-	SSHKey     string // private key, 0600
-	KnownHosts string
-	SerialLog  string
-	Allowlist  string
-	CADir      string
-	KeyLog     string
-	LogsDir    string
-	RunDir     string
-	APISocket  string
-	DaemonPID  string
-	DaemonLog  string
-	Lock       string
-}
-
-// FilesOf names the files of instance name.
-func FilesOf(l paths.Layout, name string) Files {
-	dir := l.InstanceDir(name)
-	return Files{
-		Dir:        dir,
-		State:      filepath.Join(dir, StateFile),
-		Disk:       filepath.Join(dir, "disk.qcow2"),
-		Seed:       filepath.Join(dir, "seed.iso"),
-		SSHKey:     filepath.Join(dir, "ssh", "id_ed25519"),
-		KnownHosts: filepath.Join(dir, "ssh", "known_hosts"),
-		SerialLog:  filepath.Join(l.LogsDir(name), "serial.log"),
-		Allowlist:  l.Allowlist(name),
-		CADir:      l.CADir(name),
-		KeyLog:     l.KeyLog(name),
-		LogsDir:    l.LogsDir(name),
-		RunDir:     l.RunDir(name),
-		APISocket:  l.APISocket(name),
-		DaemonPID:  filepath.Join(l.RunDir(name), "daemon.pid"),
-		DaemonLog:  filepath.Join(l.LogsDir(name), "daemon.log"),
-		Lock:       filepath.Join(dir, ".lock"),
-	}
-}
-
 // ErrNotFound means no instance of that name exists.
 var ErrNotFound = errors.New("no such instance")
 
@@ -133,7 +89,7 @@ func Load(l paths.Layout, name string) (State, error) {
 	if err := validate.InstanceName(name); err != nil {
 		return State{}, err
 	}
-	b, err := os.ReadFile(FilesOf(l, name).State)
+	b, err := os.ReadFile(l.Instance(name).State)
 	if errors.Is(err, fs.ErrNotExist) {
 		return State{}, fmt.Errorf("instance %s: %w", name, ErrNotFound)
 	}
@@ -156,7 +112,7 @@ func Save(l paths.Layout, s State) error {
 	if err != nil {
 		return fmt.Errorf("saving instance %s: %w", s.Name, err)
 	}
-	return fsutil.WriteFileAtomic(FilesOf(l, s.Name).State, append(b, '\n'), 0o644)
+	return fsutil.WriteFileAtomic(l.Instance(s.Name).State, append(b, '\n'), 0o644)
 }
 
 // ListStates returns every instance, sorted by name.

@@ -57,12 +57,65 @@ func (l Layout) Instances() string              { return filepath.Join(l.Root, "
 func (l Layout) Images() string                 { return filepath.Join(l.Root, "images") }
 func (l Layout) InstanceDir(name string) string { return filepath.Join(l.Instances(), name) }
 
-// Files of one instance directory.
-func (l Layout) Allowlist(name string) string {
-	return filepath.Join(l.InstanceDir(name), "allowlist.txt")
+// StateFile is an instance's definition, written last at create, so a
+// directory without it is a creation in progress (or an interrupted one)
+// and is not an instance.
+const StateFile = "instance.json"
+
+// Instance names every file of one instance directory. It is the only place
+// these names are spelled; code and tests take them from here.
+type Instance struct {
+	Dir        string
+	State      string
+	Disk       string
+	Seed       string
+	SSHKey     string // private key, 0600
+	KnownHosts string
+	Allowlist  string
+	CADir      string
+	LogsDir    string
+	SerialLog  string
+	KeyLog     string
+	DNSLog     string // the DNS filter's decision lines
+	HTTPLog    string // the proxy's decision lines
+	DaemonLog  string // the filter daemon's diagnostics
+	RunDir     string
+	APISocket  string
+	DaemonPID  string // the supervisor's pid
+	Lock       string
 }
-func (l Layout) RunDir(name string) string    { return filepath.Join(l.InstanceDir(name), "run") }
-func (l Layout) APISocket(name string) string { return filepath.Join(l.RunDir(name), "api.sock") }
-func (l Layout) LogsDir(name string) string   { return filepath.Join(l.InstanceDir(name), "logs") }
-func (l Layout) KeyLog(name string) string    { return filepath.Join(l.LogsDir(name), "keys.log") }
-func (l Layout) CADir(name string) string     { return filepath.Join(l.InstanceDir(name), "ca") }
+
+// Instance returns the files of instance name.
+func (l Layout) Instance(name string) Instance {
+	dir := l.InstanceDir(name)
+	logs := filepath.Join(dir, "logs")
+	run := filepath.Join(dir, "run")
+	return Instance{
+		Dir:        dir,
+		State:      filepath.Join(dir, StateFile),
+		Disk:       filepath.Join(dir, "disk.qcow2"),
+		Seed:       filepath.Join(dir, "seed.iso"),
+		SSHKey:     filepath.Join(dir, "ssh", "id_ed25519"),
+		KnownHosts: filepath.Join(dir, "ssh", "known_hosts"),
+		Allowlist:  filepath.Join(dir, "allowlist.txt"),
+		CADir:      filepath.Join(dir, "ca"),
+		LogsDir:    logs,
+		SerialLog:  filepath.Join(logs, "serial.log"),
+		KeyLog:     filepath.Join(logs, "keys.log"),
+		DNSLog:     filepath.Join(logs, "dns.log"),
+		HTTPLog:    filepath.Join(logs, "http.log"),
+		DaemonLog:  filepath.Join(logs, "daemon.log"),
+		RunDir:     run,
+		APISocket:  filepath.Join(run, "api.sock"),
+		DaemonPID:  filepath.Join(run, "daemon.pid"),
+		Lock:       filepath.Join(dir, ".lock"),
+	}
+}
+
+// Shorthands for the files commands name most.
+func (l Layout) Allowlist(name string) string { return l.Instance(name).Allowlist }
+func (l Layout) RunDir(name string) string    { return l.Instance(name).RunDir }
+func (l Layout) APISocket(name string) string { return l.Instance(name).APISocket }
+func (l Layout) LogsDir(name string) string   { return l.Instance(name).LogsDir }
+func (l Layout) KeyLog(name string) string    { return l.Instance(name).KeyLog }
+func (l Layout) CADir(name string) string     { return l.Instance(name).CADir }
