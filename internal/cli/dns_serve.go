@@ -14,6 +14,7 @@ import (
 
 // dnsServeOptions holds the flags of `abox dns serve`.
 type dnsServeOptions struct {
+	cpuProfile   string
 	name         string
 	listen       string
 	allowlist    string
@@ -52,6 +53,8 @@ previous list stays in force.`,
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&o.cpuProfile, "cpu-profile", "", "write a pprof CPU profile of the run to FILE")
+	f.MarkHidden("cpu-profile")
 	f.StringVar(&o.name, "name", "standalone", "instance name: selects the API socket (for `abox dns status NAME`) and the default allowlist")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:5353", "IP:PORT to serve on, UDP and TCP")
 	f.StringVar(&o.allowlist, "allowlist", "", "allowlist FILE (default: the instance's allowlist.txt)")
@@ -113,7 +116,8 @@ func runDNSServe(ctx context.Context, e *env, o *dnsServeOptions) error {
 			MinTTL: o.minTTL, MaxTTL: o.maxTTL,
 			CacheSize: cache, RateLimit: rate, RateBurst: o.rateBurst,
 		},
-		Logs: logs,
+		Logs:       logs,
+		CPUProfile: o.cpuProfile,
 		Ready: func(i daemon.Info) {
 			fmt.Fprintf(e.stderr, "abox: dns filter for %s on %s (udp+tcp), upstream %v, mode %s; api %s\n",
 				o.name, i.DNSAddr, i.Upstreams, i.Mode, sc.layout.APISocket(o.name))

@@ -17,6 +17,7 @@ import (
 
 // httpServeOptions holds the flags of `abox http serve`.
 type httpServeOptions struct {
+	cpuProfile    string
 	name          string
 	listen        string
 	allowlist     string
@@ -63,6 +64,8 @@ One JSON line per request or tunnel goes to stderr (or --log-file) and to
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&o.cpuProfile, "cpu-profile", "", "write a pprof CPU profile of the run to FILE")
+	f.MarkHidden("cpu-profile")
 	f.StringVar(&o.name, "name", "standalone-http", "instance name: selects the API socket (for `abox http status NAME`), the default allowlist, CA and key log")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:3128", "IP:PORT to serve on")
 	f.StringVar(&o.allowlist, "allowlist", "", "allowlist FILE (default: the instance's allowlist.txt)")
@@ -142,7 +145,8 @@ func runHTTPServe(ctx context.Context, e *env, o *httpServeOptions) error {
 			MaxConns:       o.maxConns,
 			IdleTimeout:    o.idleTimeout,
 		},
-		Logs: logs,
+		Logs:       logs,
+		CPUProfile: o.cpuProfile,
 		Ready: func(i daemon.Info) {
 			mitm := "intercepting TLS (CA " + i.CACert + ")"
 			if o.noMITM {

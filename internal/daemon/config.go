@@ -60,6 +60,10 @@ type Config struct {
 
 	Logs LogConfig
 
+	// CPUProfile, when set, is a file that receives a pprof CPU profile of
+	// the whole run (for `make bench` and speed work).
+	CPUProfile string
+
 	// Ready is called once every listener is bound and the API answers.
 	Ready func(Info)
 }

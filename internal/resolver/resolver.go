@@ -11,7 +11,9 @@ package resolver
 import (
 	"context"
 	"errors"
+	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,8 +66,17 @@ type Resolver struct {
 	maxN     int // <= 0: no caching
 	maxBytes int
 
+	// addrs caches LookupNetIP results by lowercase FQDN, each until the
+	// first of its A and AAAA answers expires; bounded by maxN too.
+	addrs map[string]addrEntry
+
 	flight singleflight.Group
 	st     struct{ hits, misses, merged, errors, evicted atomic.Uint64 }
+}
+
+type addrEntry struct {
+	addrs   []netip.Addr // nil: the name has no address
+	expires time.Time
 }
 
 type key struct {
@@ -108,6 +119,7 @@ func New(cfg Config) (*Resolver, error) {
 		up: cfg.Upstream, minTTL: uint32(lo / time.Second), maxTTL: uint32(hi / time.Second),
 		timeout: cfg.Timeout, now: cfg.Now,
 		entries: map[key]*entry{}, maxN: cfg.Entries, maxBytes: cfg.MaxBytes,
+		addrs: map[string]addrEntry{},
 	}
 	if r.timeout <= 0 {
 		r.timeout = DefaultTimeout
@@ -145,9 +157,59 @@ func (r *Resolver) Stats() Stats {
 }
 
 // LookupNetIP resolves host (A and AAAA) through the cache. The addresses
-// are not filtered: the caller classifies them on every use.
+// are not filtered: the caller classifies them on every use. A repeated
+// lookup of a cached name costs a map read: the address list is kept until
+// the first of its two answers expires.
 func (r *Resolver) LookupNetIP(ctx context.Context, host string) ([]netip.Addr, error) {
-	return upstream.LookupNetIP(ctx, r, host, upstream.DefaultUDPSize)
+	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+		return []netip.Addr{a}, nil
+	}
+	name := strings.ToLower(dns.Fqdn(host))
+	now := r.now()
+	if r.maxN > 0 {
+		r.mu.Lock()
+		e, ok := r.addrs[name]
+		r.mu.Unlock()
+		if ok && now.Before(e.expires) {
+			r.st.hits.Add(1)
+			if e.addrs == nil {
+				return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+			}
+			return slices.Clone(e.addrs), nil
+		}
+	}
+	addrs, err := upstream.LookupNetIP(ctx, r, host, upstream.DefaultUDPSize)
+	var de *net.DNSError
+	if r.maxN > 0 && (err == nil || (errors.As(err, &de) && de.IsNotFound)) {
+		r.putAddrs(name, addrs)
+	}
+	return addrs, err
+}
+
+// putAddrs remembers a lookup's result for as long as both its answers
+// stay cached; a lookup whose answers were not cached is not remembered.
+func (r *Resolver) putAddrs(name string, addrs []netip.Addr) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var exp time.Time
+	for _, t := range []uint16{dns.TypeA, dns.TypeAAAA} {
+		e := r.entries[key{name: name, qtype: t, qclass: dns.ClassINET}]
+		if e == nil {
+			return
+		}
+		if exp.IsZero() || e.expires.Before(exp) {
+			exp = e.expires
+		}
+	}
+	if _, ok := r.addrs[name]; !ok && len(r.addrs) >= r.maxN {
+		for k := range r.addrs { // random order: see put
+			delete(r.addrs, k)
+			if len(r.addrs) < r.maxN {
+				break
+			}
+		}
+	}
+	r.addrs[name] = addrEntry{addrs: slices.Clone(addrs), expires: exp}
 }
 
 // Exchange answers m from the cache or the upstream. The answer is the

@@ -214,3 +214,27 @@ func TestCacheIsBounded(t *testing.T) {
 		t.Errorf("stats %+v: want at most 100 entries and 200 evicted", st)
 	}
 }
+
+// The address list of a lookup lives no longer than the shorter of its A
+// and AAAA answers.
+func TestLookupFollowsTheShorterTTL(t *testing.T) {
+	f := fakedns.StartT(t).Add("dual.test. 300 IN A 93.184.215.6", "dual.test. 20 IN AAAA 2606:2800::6")
+	r, clk := setup(t, f)
+	lookup := func() {
+		t.Helper()
+		if a, err := r.LookupNetIP(context.Background(), "dual.test"); err != nil || len(a) != 2 {
+			t.Fatalf("LookupNetIP = %v, %v", a, err)
+		}
+	}
+	lookup()
+	clk.Add(19 * time.Second)
+	lookup()
+	if got := f.CountFor("dual.test"); got != 2 {
+		t.Errorf("within both TTLs: %d upstream queries, want 2", got)
+	}
+	clk.Add(2 * time.Second)
+	lookup()
+	if got := f.CountFor("dual.test"); got != 3 { // AAAA expired, A still cached
+		t.Errorf("past the AAAA TTL: %d upstream queries, want 3", got)
+	}
+}
