@@ -5,7 +5,7 @@ BIN      := bin/abox
 PKGS     := ./...
 FUZZTIME ?= 10s
 
-.PHONY: all build test unit vet fuzz e2e bench bench-boot demo demo-dns clean deps
+.PHONY: all build test unit vet fuzz e2e bench bench-boot bench-clients demo demo-dns clean deps
 
 all: build
 
@@ -42,6 +42,11 @@ bench: build
 # start→SSH, start→ready and the guest's own phases. ROUNDS=N for more.
 bench-boot: deps
 	$(GO) run ./tools/benchboot -rounds $${ROUNDS:-1}
+
+# bench-clients: go mod download and npm install, direct and through
+# `abox http serve` (needs the network; see scripts/bench-realclient.sh).
+bench-clients: build
+	@sh scripts/bench-realclient.sh
 
 # demo: the main job. Builds the base image (once), starts an instance in an
 # offline lab network and shows what the guest can and cannot reach.

@@ -3,6 +3,8 @@
 # its filter next to a bare reference server in the same run.
 set -eu
 cd "$(dirname "$0")/.."
+echo "== The abox binary as a process (pinned CPUs, interleaved rounds, names resolved through a DNS server process): proxy vs direct, DNS filter vs bare server and dnsmasq" >&2
+go run ./tools/benchproc -abox bin/abox -rounds "${BENCH_ROUNDS:-3}" -d "${BENCH_DURATION:-3s}"
 echo "== Allowlist: lookup time and memory at 1k and 100k entries (goal: < 300 ns, < 64 MiB)" >&2
 go test -run '^$' -bench 'BenchmarkMatch|BenchmarkBuild' -benchmem ./internal/allowlist
 echo "== DNS filter: queries/s and latency, blocked and cached allowed names" >&2
