@@ -92,11 +92,11 @@ func (l *Lab) startOrigin(ctx context.Context) error {
 	exec.CommandContext(ctx, "ip", "netns", "del", l.OriginNS).Run() // a crashed run's leftover
 	steps := [][]string{
 		{"ip", "netns", "add", l.OriginNS},
-		{"ip", "-n", l.Env.Name, "link", "add", "abx-vo0", "type", "veth", "peer", "name", "abx-vo1", "netns", l.OriginNS},
-		{"ip", "-n", l.Env.Name, "addr", "add", HostSide + "/24", "dev", "abx-vo0"},
-		{"ip", "-n", l.Env.Name, "link", "set", "abx-vo0", "up"},
-		{"ip", "-n", l.OriginNS, "addr", "add", OriginIP + "/24", "dev", "abx-vo1"},
-		{"ip", "-n", l.OriginNS, "link", "set", "abx-vo1", "up"},
+		{"ip", "-n", l.Env.Name, "link", "add", "lab-vo0", "type", "veth", "peer", "name", "lab-vo1", "netns", l.OriginNS},
+		{"ip", "-n", l.Env.Name, "addr", "add", HostSide + "/24", "dev", "lab-vo0"},
+		{"ip", "-n", l.Env.Name, "link", "set", "lab-vo0", "up"},
+		{"ip", "-n", l.OriginNS, "addr", "add", OriginIP + "/24", "dev", "lab-vo1"},
+		{"ip", "-n", l.OriginNS, "link", "set", "lab-vo1", "up"},
 		{"ip", "-n", l.OriginNS, "link", "set", "lo", "up"},
 		// Replies to guests, should anything ever be forwarded to the origin.
 		{"ip", "-n", l.OriginNS, "route", "add", "10.10.0.0/16", "via", HostSide},
