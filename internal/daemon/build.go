@@ -133,12 +133,10 @@ func (b *builder) stream(lc LogConfig, file string) (decisionStream, error) {
 	ring := logring.New(or(lc.RingLines, 2000))
 	out := lc.Stream
 	if file != "" {
-		if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
-			return decisionStream{}, fmt.Errorf("opening the decision log: %w", err)
-		}
-		f, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		// Size-capped and rotated: a guest cannot fill the disk through it.
+		f, err := decisionlog.OpenFile(file, decisionlog.FileConfig{})
 		if err != nil {
-			return decisionStream{}, fmt.Errorf("opening the decision log: %w", err)
+			return decisionStream{}, err
 		}
 		b.onClose(func() { f.Close() })
 		out = f

@@ -122,8 +122,8 @@ type HTTPConfig struct {
 // LogConfig says where decision lines and diagnostics go.
 type LogConfig struct {
 	// DNSFile and HTTPFile, when set, receive each filter's decision lines
-	// (appended, mode 0600; paths.Instance names them); diagnostics then go
-	// to Diag.
+	// (mode 0600, size-capped and rotated; paths.Instance names them);
+	// diagnostics then go to Diag.
 	DNSFile, HTTPFile string
 	// Stream, when the files are not set, receives decision lines and
 	// diagnostics alike, as JSON lines.
