@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -379,7 +380,9 @@ var (
 )
 
 // aboxBridgeAddrs lists the addresses of the host's abox bridges: each sits
-// on one instance's network, whose other addresses are guests.
+// on one instance's network, whose other addresses are guests. Only bridges
+// count: another link that happens to carry the prefix (a veth, a test
+// lab's) is no instance network.
 func aboxBridgeAddrs() ([]net.Addr, error) {
 	ifs, err := net.Interfaces()
 	if err != nil {
@@ -387,7 +390,7 @@ func aboxBridgeAddrs() ([]net.Addr, error) {
 	}
 	var out []net.Addr
 	for _, ifc := range ifs {
-		if !strings.HasPrefix(ifc.Name, validate.BridgePrefix) {
+		if !strings.HasPrefix(ifc.Name, validate.BridgePrefix) || !isBridge(ifc.Name) {
 			continue
 		}
 		as, err := ifc.Addrs()
@@ -487,6 +490,12 @@ func readHost() *hostSnapshot {
 		}
 	}
 	return s
+}
+
+// isBridge reports whether the link name is a Linux bridge.
+func isBridge(name string) bool {
+	_, err := os.Stat("/sys/class/net/" + name + "/bridge")
+	return err == nil
 }
 
 // ifacePrefix is the network an interface address sits on.
