@@ -20,7 +20,7 @@ import (
 func newCreateCmd(e *env) *cobra.Command {
 	var s instance.Spec
 	var subnet string
-	var allowPrivate []string
+	var allowPrivate, allowHost []string
 	var ports []uint
 	cmd := &cobra.Command{
 		Use:   "create NAME",
@@ -49,6 +49,9 @@ own /24, and the libvirt domain with its packet filter. Nothing runs until
 				return usageError{err}
 			}
 			s.AllowPrivate = permit
+			if s.AllowHost, err = parsePermit("--allow-host", allowHost, e.stderr); err != nil {
+				return usageError{err}
+			}
 			for _, p := range ports {
 				if p == 0 || p > 65535 {
 					return usageError{fmt.Errorf("--port %d: want 1-65535", p)}
@@ -81,6 +84,7 @@ own /24, and the libvirt domain with its packet filter. Nothing runs until
 	f.StringVar(&s.Accel, "accel", "auto", "accelerator: kvm, tcg or auto (auto avoids KVM where it cannot boot a guest)")
 	f.StringArrayVar(&s.Upstreams, "upstream", nil, "upstream DNS resolver IP[:PORT] for the filters, repeatable (default: the host's)")
 	f.StringArrayVar(&allowPrivate, "allow-private", nil, "private address range the guest may reach through the filters, repeatable")
+	f.StringArrayVar(&allowHost, "allow-host", nil, allowHostUsage)
 	f.StringVar(&s.Allowlist, "allowlist", "", "initial allowlist FILE")
 	f.BoolVar(&s.NoMITM, "no-mitm", false, "do not intercept TLS (CONNECT becomes a checked tunnel)")
 	f.StringArrayVar(&s.MITMExceptions, "mitm-exception", nil, "host tunnelled instead of intercepted, repeatable")

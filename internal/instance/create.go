@@ -43,6 +43,8 @@ type Spec struct {
 	Subnet       netip.Prefix
 	Upstreams    []string
 	AllowPrivate []netip.Prefix
+	// AllowHost are the --allow-host ranges (see State.AllowHost).
+	AllowHost []netip.Prefix
 	// Allowlist is an optional file whose entries seed the instance's list.
 	Allowlist      string
 	NoMITM         bool
@@ -155,7 +157,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 		Name: spec.Name, UUID: newUUID(), CreatedAt: time.Now().UTC(),
 		Base: spec.Base, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, DiskGiB: spec.DiskGiB,
 		User: spec.User, Accel: resolveAccel(spec.Accel),
-		ProxyPort: DefaultProxyPort, Upstreams: spec.Upstreams, AllowPrivate: spec.AllowPrivate,
+		ProxyPort: DefaultProxyPort, Upstreams: spec.Upstreams, AllowPrivate: spec.AllowPrivate, AllowHost: spec.AllowHost,
 		NoMITM: spec.NoMITM, MITMExceptions: spec.MITMExceptions, Ports: spec.Ports,
 		Template:      template,
 		UpstreamProxy: spec.UpstreamProxy, UpstreamProxyCredentials: spec.UpstreamProxyCredentials,

@@ -22,3 +22,15 @@ func TestDataPlaneStartsActive(t *testing.T) {
 		}
 	}
 }
+
+// TestDataPlaneAddressPermits: --allow-private and --allow-host reach the
+// daemon as two lists, so the first never opens what only the second may.
+func TestDataPlaneAddressPermits(t *testing.T) {
+	st := State{Name: "dev", Gateway: netip.MustParseAddr("10.10.7.1"), ProxyPort: 3128,
+		AllowPrivate: []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16")},
+		AllowHost:    []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}
+	cfg := DataPlane(paths.Layout{Root: t.TempDir()}, st, nil, nil)
+	if len(cfg.AllowPrivate) != 1 || cfg.AllowPrivate[0] != st.AllowPrivate[0] || len(cfg.AllowHost) != 1 || cfg.AllowHost[0] != st.AllowHost[0] {
+		t.Errorf("daemon config allow_private %v allow_host %v, want %v and %v", cfg.AllowPrivate, cfg.AllowHost, st.AllowPrivate, st.AllowHost)
+	}
+}

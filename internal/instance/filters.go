@@ -24,6 +24,7 @@ func DataPlane(l paths.Layout, st State, socks *daemon.Sockets, diag io.Writer) 
 		APISocket:     f.APISocket,
 		Upstreams:     st.Upstreams,
 		AllowPrivate:  st.AllowPrivate,
+		AllowHost:     st.AllowHost,
 		// The gateway is the host too, even before the bridge address is
 		// visible on the host's interfaces.
 		HostAddrs: []netip.Addr{st.Gateway},

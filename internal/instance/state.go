@@ -59,6 +59,9 @@ type State struct {
 	Upstreams []string `json:"upstreams,omitempty"`
 	// AllowPrivate are address ranges the filters may let the guest reach.
 	AllowPrivate []netip.Prefix `json:"allow_private,omitempty"`
+	// AllowHost are ranges the guest may reach although they hold host
+	// addresses, loopback or other instances' networks (create --allow-host).
+	AllowHost []netip.Prefix `json:"allow_host,omitempty"`
 	// NoMITM turns TLS interception off (CONNECT becomes a checked tunnel).
 	NoMITM         bool     `json:"no_mitm,omitempty"`
 	MITMExceptions []string `json:"mitm_exceptions,omitempty"`
