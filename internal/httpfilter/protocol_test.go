@@ -301,6 +301,8 @@ func TestSmuggling(t *testing.T) {
 			}
 			if l := h.lastLog("reason", s.reason); l == nil || l["denial_id"] == nil {
 				t.Errorf("%s: no log line with a denial id for %s", s.name, s.reason)
+			} else if l["status"] != float64(s.status) {
+				t.Errorf("%s: log line status %v, want %d", s.name, l["status"], s.status)
 			}
 		}
 		if n := h.p.Stats().(Stats).BlockedByReason["obs_fold"]; n < 4 {

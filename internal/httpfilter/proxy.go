@@ -326,8 +326,10 @@ func (p *Proxy) track(c net.Conn, release func()) net.Conn {
 func (p *Proxy) guardRefused(client, connect, reason string) {
 	status := 400
 	switch reason {
-	case "headers_too_large":
+	case "headers_too_large", ReasonFieldTooLarge:
 		status = 431
+	case ReasonURITooLong:
+		status = 414
 	case "unsupported_transfer_encoding":
 		status = 501
 	}
