@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/abox-dev/abox/internal/decisionlog"
 )
 
 // TestTraceNeverForwarded: TRACE and TRACK are answered 405 by the proxy on
@@ -137,5 +139,30 @@ func TestH2FrontingRefusedAlone(t *testing.T) {
 	ok.Body.Close()
 	if n := h.p.stats.intercepted.Load(); n != 1 {
 		t.Errorf("%d intercepted tunnels, want every stream on the first one", n)
+	}
+}
+
+// TestRefusalFloodAggregated: a guest repeating a refused request over new
+// connections (a new source port each time) writes its budget of decision
+// lines; the rest are counted for its address, not its ports.
+func TestRefusalFloodAggregated(t *testing.T) {
+	h := newHarness(t, hopts{decisions: true})
+	const n = 100
+	for i := 0; i < n; i++ {
+		resp, _ := h.rawRequest(t, "GET http://blocked.example.org/ HTTP/1.1\r\nHost: blocked.example.org\r\n\r\n")
+		if resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("request %d: %d, want 403", i, resp.StatusCode)
+		}
+	}
+	h.lines.Sync()
+	written := 0
+	for _, l := range h.log.lines() {
+		if l["msg"] == "request" && l["reason"] == "not_allowlisted" {
+			written++
+		}
+	}
+	st := h.p.Stats().(Stats)
+	if written > decisionlog.DefaultRefusalsPerClient || st.Log == nil || st.Log.Suppressed != uint64(n-written) {
+		t.Errorf("%d lines written, status log %+v; want at most %d lines and the rest counted", written, st.Log, decisionlog.DefaultRefusalsPerClient)
 	}
 }
