@@ -8,6 +8,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/dnsfilter"
 )
 
@@ -96,5 +97,28 @@ func TestIdleTCPCannotStarve(t *testing.T) {
 	}
 	if st := h.srv.Snapshot(); st.TCPEvicted == 0 {
 		t.Errorf("tcp_evicted = 0")
+	}
+}
+
+// TestRefusalFloodAggregated: a guest looping on a blocked name writes its
+// budget of decision lines; the rest are counted, and status says so.
+func TestRefusalFloodAggregated(t *testing.T) {
+	h := start(t, harnessOptions{})
+	const n = 200
+	c := &dns.Client{Timeout: 3 * time.Second}
+	for i := 0; i < n; i++ {
+		if _, _, err := c.Exchange(query("flood.blocked.test", dns.TypeA, 0), h.addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	written := 0
+	for _, l := range h.logs.lines(t) {
+		if l["msg"] == "dns" && l["name"] == "flood.blocked.test" {
+			written++
+		}
+	}
+	st := h.srv.Snapshot()
+	if written > decisionlog.DefaultRefusalsPerClient || st.LogSuppressed != uint64(n-written) {
+		t.Errorf("%d lines written, %d suppressed; want at most %d lines and the rest counted", written, st.LogSuppressed, decisionlog.DefaultRefusalsPerClient)
 	}
 }
