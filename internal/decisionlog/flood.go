@@ -2,6 +2,7 @@ package decisionlog
 
 import (
 	"log/slog"
+	"net/netip"
 	"sort"
 	"strings"
 	"sync"
@@ -17,6 +18,10 @@ const (
 	maxFloodClients = 1024
 )
 
+// overflowClient is the key the clients past maxFloodClients share: the
+// zero Addr's neighbour no client has (IPv6 unspecified with a zone).
+var overflowClient = netip.IPv6Unspecified().WithZone("overflow")
+
 // flood counts refusal lines per client and interval. Past the budget, a
 // client's refusals are not written one by one but counted, and one WARN
 // line "refusals aggregated" per client and interval carries the counts: a
@@ -27,7 +32,7 @@ type flood struct {
 	interval time.Duration
 
 	mu      sync.Mutex
-	clients map[string]*floodWindow
+	clients map[netip.Addr]*floodWindow
 }
 
 type floodWindow struct {
@@ -38,18 +43,18 @@ type floodWindow struct {
 }
 
 func newFlood(budget int, interval time.Duration) *flood {
-	return &flood{budget: budget, interval: interval, clients: map[string]*floodWindow{}}
+	return &flood{budget: budget, interval: interval, clients: map[netip.Addr]*floodWindow{}}
 }
 
 // admit reports whether a refusal line of client may be written now, and
 // counts it as suppressed otherwise.
-func (f *flood) admit(client, reason string, now time.Time) bool {
+func (f *flood) admit(client netip.Addr, reason string, now time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	w := f.clients[client]
 	if w == nil {
 		if len(f.clients) >= maxFloodClients {
-			client = "*"
+			client = overflowClient
 			w = f.clients[client]
 		}
 		if w == nil {
@@ -92,7 +97,11 @@ func (f *flood) summaries(now time.Time) [][]byte {
 		}
 		sort.Strings(reasons)
 		l := NewLine(now, slog.LevelWarn, "refusals aggregated")
-		l.String("client", client).
+		name := client.String()
+		if client == overflowClient {
+			name = "*"
+		}
+		l.String("client", name).
 			Int("suppressed", int64(w.total)).
 			String("reasons", strings.Join(reasons, ",")).
 			Int("logged", int64(w.lines)).

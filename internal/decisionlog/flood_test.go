@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,7 +24,7 @@ func (c *fakeClock) advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.
 func refusal(w *Writer, client, reason string, i int) {
 	l := NewLine(time.Now(), slog.LevelInfo, "dns")
 	l.String("client", client).String("reason", reason).Int("i", int64(i))
-	w.EmitRefusal(client, reason, l)
+	w.EmitRefusal(netip.MustParseAddr(client), reason, l)
 }
 
 // TestRefusalFloodAggregated: one client's flood of refusals writes its
@@ -90,7 +91,7 @@ func TestRefusalBudgetPerInterval(t *testing.T) {
 	s := &sink{}
 	w := New(Config{Sinks: []io.Writer{s}, RefusalsPerClient: 2, FloodInterval: 20 * time.Millisecond, Now: clk.now})
 	for i := range 10 {
-		refusal(w, "c", "r", i)
+		refusal(w, "10.0.0.9", "r", i)
 	}
 	clk.advance(time.Second)
 	// Wait for the aggregation tick to close the window.
@@ -104,7 +105,7 @@ func TestRefusalBudgetPerInterval(t *testing.T) {
 		}
 	}
 	for i := range 10 {
-		refusal(w, "c", "r", 100+i)
+		refusal(w, "10.0.0.9", "r", 100+i)
 	}
 	w.Close()
 	var written int
@@ -191,5 +192,19 @@ func TestOpenFileRotates(t *testing.T) {
 	}
 	if st, _ := os.Stat(filepath.Dir(path)); st.Mode().Perm() != 0o700 {
 		t.Errorf("log directory mode %v, want 0700", st.Mode().Perm())
+	}
+}
+
+// BenchmarkEmitRefusalFlood: the cost of one refusal line past the client's
+// budget (counted, not written), against BenchmarkEmit's written line.
+func BenchmarkEmitRefusalFlood(b *testing.B) {
+	w := New(Config{Sinks: []io.Writer{io.Discard}, FloodInterval: time.Hour})
+	defer w.Close()
+	client := netip.MustParseAddr("10.10.7.2")
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		l := NewLine(time.Now(), slog.LevelInfo, "dns")
+		l.String("client", "10.10.7.2").String("name", "blocked.example.org").String("reason", "not_allowlisted")
+		w.EmitRefusal(client, "not_allowlisted", l)
 	}
 }

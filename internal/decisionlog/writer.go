@@ -3,6 +3,7 @@ package decisionlog
 import (
 	"io"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -164,10 +165,10 @@ func (w *Writer) Emit(l *Line) {
 }
 
 // EmitRefusal is Emit for the line of a refused request or query from
-// client (an address, without port): within the client's budget it is
+// client (its address; the zero Addr when unknown): within the client's budget it is
 // written, past it counted under reason into the client's "refusals
 // aggregated" line.
-func (w *Writer) EmitRefusal(client, reason string, l *Line) {
+func (w *Writer) EmitRefusal(client netip.Addr, reason string, l *Line) {
 	if w.flood != nil && !w.flood.admit(client, reason, w.now()) {
 		w.suppressed.Add(1)
 		l.Free()

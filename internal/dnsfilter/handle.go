@@ -357,7 +357,7 @@ func (s *Server) logDecision(client netip.Addr, d decision) {
 		l.String("error", d.err.Error())
 	}
 	if d.verdict == allowlist.Block {
-		s.dlog.EmitRefusal(client.String(), d.reason, l)
+		s.dlog.EmitRefusal(client, d.reason, l)
 		return
 	}
 	s.dlog.Emit(l)

@@ -140,9 +140,9 @@ func (p *Proxy) finish(r *record) {
 		if r.verdict == allowlist.Block {
 			// A guest looping on a refused request is aggregated per
 			// client address (its port changes with every connection).
-			client := r.client
-			if ap, err := netip.ParseAddrPort(client); err == nil {
-				client = ap.Addr().String()
+			var client netip.Addr
+			if ap, err := netip.ParseAddrPort(r.client); err == nil {
+				client = ap.Addr()
 			}
 			p.lines.EmitRefusal(client, r.reason, r.line(time.Now()))
 			return
