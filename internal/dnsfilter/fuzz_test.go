@@ -107,7 +107,8 @@ func newFuzzServer(f testing.TB, log io.Writer) (*dnsfilter.Server, *recorder, *
 	rec := &recorder{}
 	var dlog *decisionlog.Writer
 	if log != nil {
-		dlog = decisionlog.New(decisionlog.Config{Sinks: []io.Writer{log}})
+		// Every query must leave its line: no aggregation of refusals here.
+		dlog = decisionlog.New(decisionlog.Config{Sinks: []io.Writer{log}, RefusalsPerClient: -1})
 		f.Cleanup(func() { dlog.Close() })
 	}
 	srv, err := dnsfilter.New(dnsfilter.Config{PacketConn: pc, Policy: pol, Upstream: rec, RateLimit: -1, CacheSize: 100, DecisionLog: dlog})
