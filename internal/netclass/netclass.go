@@ -97,14 +97,18 @@ var v6Ranges = []rangeClass{
 // host reads the host's credentials, so they are refused ahead of every
 // permit, whatever range they lie in (Azure's wireserver is a public address).
 var metadata = []netip.Prefix{
-	netip.MustParsePrefix("169.254.169.0/24"),   // AWS/GCP/Azure/OpenStack/Oracle/DO/Hetzner IMDS, AWS DNS and NTP
-	netip.MustParsePrefix("169.254.170.0/24"),   // AWS ECS task metadata, EKS pod identity
-	netip.MustParsePrefix("169.254.0.23/32"),    // Tencent Cloud metadata
-	netip.MustParsePrefix("168.63.129.16/32"),   // Azure wireserver (platform DNS, health, agent)
-	netip.MustParsePrefix("100.100.100.200/32"), // Alibaba Cloud metadata
-	netip.MustParsePrefix("192.0.0.192/32"),     // Oracle Cloud metadata
-	netip.MustParsePrefix("fd00:ec2::/32"),      // AWS IMDS, DNS and NTP over IPv6
-	netip.MustParsePrefix("fd20:ce::/32"),       // GCP metadata over IPv6
+	netip.MustParsePrefix("169.254.169.0/24"),    // AWS/GCP/Azure/OpenStack/Oracle/DO/Hetzner IMDS, AWS DNS and NTP
+	netip.MustParsePrefix("169.254.170.0/24"),    // AWS ECS task metadata, EKS pod identity
+	netip.MustParsePrefix("169.254.0.23/32"),     // Tencent Cloud metadata
+	netip.MustParsePrefix("168.63.129.16/32"),    // Azure wireserver (platform DNS, health, agent)
+	netip.MustParsePrefix("100.100.100.200/32"),  // Alibaba Cloud metadata
+	netip.MustParsePrefix("192.0.0.192/32"),      // Oracle Cloud metadata
+	netip.MustParsePrefix("169.254.42.42/32"),    // Scaleway metadata
+	netip.MustParsePrefix("fd00:ec2::/32"),       // AWS IMDS, DNS and NTP over IPv6
+	netip.MustParsePrefix("fd20:ce::/32"),        // GCP metadata over IPv6
+	netip.MustParsePrefix("fd00:c1::/32"),        // Oracle Cloud metadata over IPv6 (fd00:c1::a9fe:a9fe)
+	netip.MustParsePrefix("fd00:42::42/128"),     // Scaleway metadata over IPv6
+	netip.MustParsePrefix("fe80::a9fe:a9fe/128"), // OpenStack metadata over IPv6 (link-local)
 }
 
 func isMetadata(a netip.Addr) bool {

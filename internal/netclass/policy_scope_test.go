@@ -15,7 +15,7 @@ import (
 func TestMetadataRefusedInEveryForm(t *testing.T) {
 	wide := []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
 	p := New(Options{Permit: wide, PermitHost: wide})
-	for _, v4 := range []string{"169.254.169.254", "169.254.169.253", "169.254.169.123", "169.254.170.2", "169.254.0.23", "168.63.129.16", "100.100.100.200", "192.0.0.192"} {
+	for _, v4 := range []string{"169.254.42.42", "169.254.169.254", "169.254.169.253", "169.254.169.123", "169.254.170.2", "169.254.0.23", "168.63.129.16", "100.100.100.200", "192.0.0.192"} {
 		a := netip.MustParseAddr(v4)
 		b := a.As4()
 		forms := []string{
@@ -38,7 +38,7 @@ func TestMetadataRefusedInEveryForm(t *testing.T) {
 			}
 		}
 	}
-	for _, v6 := range []string{"fd00:ec2::254", "fd00:ec2::23", "fd20:ce::254"} {
+	for _, v6 := range []string{"fd00:ec2::254", "fd00:ec2::23", "fd20:ce::254", "fd00:c1::a9fe:a9fe", "fd00:42::42", "fe80::a9fe:a9fe", "fe80::a9fe:a9fe%eth0"} {
 		if got := p.Check(netip.MustParseAddr(v6)); got != Metadata {
 			t.Errorf("Check(%s) = %s, want metadata", v6, got)
 		}
