@@ -126,6 +126,8 @@ instance.`,
 		newNetCmd(e),
 		newExplainCmd(e),
 		newCheckDepsCmd(e),
+		newTapCmd(e),
+		newDoctorCmd(e),
 	)
 	return root
 }

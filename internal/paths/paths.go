@@ -83,6 +83,9 @@ type Instance struct {
 	APISocket  string
 	DaemonPID  string // the supervisor's pid
 	Lock       string
+	// TapLock is held shared by every running tap (the last one turns the
+	// TLS key log off).
+	TapLock string
 }
 
 // Instance returns the files of instance name.
@@ -109,6 +112,7 @@ func (l Layout) Instance(name string) Instance {
 		APISocket:  filepath.Join(run, "api.sock"),
 		DaemonPID:  filepath.Join(run, "daemon.pid"),
 		Lock:       filepath.Join(dir, ".lock"),
+		TapLock:    filepath.Join(run, "tap.lock"),
 	}
 }
 

@@ -1,0 +1,140 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/abox-dev/abox/internal/api"
+	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/tap"
+	"github.com/abox-dev/abox/internal/validate"
+)
+
+func newTapCmd(e *env) *cobra.Command {
+	var o tap.Options
+	cmd := &cobra.Command{
+		Use:   "tap NAME [-- TCPDUMP-ARGS...]",
+		Short: "Capture an instance's traffic on its bridge, with the TLS keys to decrypt it",
+		Long: `Run tcpdump on the instance's bridge: decoded packets on stdout, or a pcap
+file with -o. SSH between the host and the guest is left out unless
+--include-ssh. Arguments after -- go to tcpdump as they are.
+
+While the tap runs, the proxy writes the TLS session keys of the sessions it
+intercepts to logs/keys.log in the instance directory (NSS key log format,
+0600), so that Wireshark or tshark decrypt the guest's HTTPS:
+
+  tshark -o tls.keylog_file:INSTANCE/logs/keys.log -r capture.pcap -Y http
+
+Keys are written only for sessions that start while a tap runs; tunnelled
+connections (--no-mitm, MITM exceptions) carry the origin's own TLS and
+cannot be decrypted. Needs root (tcpdump) and a started instance.`,
+		Example: `  abox tap dev
+  abox tap dev -o dev.pcap -c 1000
+  abox tap dev --filter 'udp port 53'
+  abox tap dev -- -vv -s 0`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if dash := cmd.ArgsLenAtDash(); dash >= 0 {
+				if dash != 1 {
+					return usageError{fmt.Errorf("abox tap takes one instance NAME before -- (got %d)", dash)}
+				}
+				o.Extra = args[1:]
+			} else if len(args) != 1 {
+				return usageError{fmt.Errorf("abox tap takes one instance NAME; put tcpdump arguments after --")}
+			}
+			return e.runTap(cmd.Context(), name, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&o.Write, "output", "o", "", "write a pcap FILE instead of printing packets")
+	f.IntVarP(&o.Count, "count", "c", 0, "stop after N packets")
+	f.StringVar(&o.Filter, "filter", "", "BPF filter expression (ANDed with the SSH exclusion)")
+	f.BoolVar(&o.IncludeSSH, "include-ssh", false, "keep host-guest SSH in the capture")
+	return cmd
+}
+
+// apiKeyLog adapts the API client to tap.KeyLogSwitch.
+type apiKeyLog struct{ c *api.Client }
+
+func (a apiKeyLog) SetKeyLog(ctx context.Context, on bool) (string, error) {
+	k, err := a.c.SetKeyLog(ctx, on)
+	return k.Path, err
+}
+
+func (e *env) runTap(ctx context.Context, name string, o tap.Options) error {
+	if err := validate.InstanceName(name); err != nil {
+		return usageError{err}
+	}
+	l, err := e.layout()
+	if err != nil {
+		return err
+	}
+	st, err := instance.Load(l, name)
+	if err != nil {
+		return notFoundHint(name, err)
+	}
+	o.Bridge = st.Bridge
+	if o.Write != "" {
+		if o.Write, err = filepath.Abs(o.Write); err != nil {
+			return err
+		}
+	}
+	files := l.Instance(name)
+
+	var keys *tap.Keys
+	if !st.NoMITM {
+		keys, err = tap.HoldKeys(ctx, apiKeyLog{api.NewClient(files.APISocket)}, files.TapLock)
+		if errors.Is(err, api.ErrNotRunning) {
+			fmt.Fprintf(e.stderr, "warning: the filters of %s are not running, so no TLS keys are written (start it with `abox start %s`)\n", name, name)
+		} else if err != nil {
+			return fmt.Errorf("instance %s: turning the TLS key log on: %w", name, err)
+		}
+	}
+	if keys != nil {
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := keys.Release(rctx); err != nil {
+				fmt.Fprintf(e.stderr, "warning: turning the TLS key log off: %v\n", err)
+			}
+		}()
+	}
+	ready := func() {
+		what := "printing decoded packets"
+		if o.Write != "" {
+			what = "writing " + o.Write
+		}
+		fmt.Fprintf(e.stderr, "abox: capturing on %s (%s), %s; Ctrl-C stops\n", o.Bridge, describeFilter(o), what)
+		switch {
+		case keys != nil:
+			pcap := o.Write
+			if pcap == "" {
+				pcap = "CAPTURE.pcap"
+			}
+			fmt.Fprintf(e.stderr, "abox: TLS keys of intercepted sessions go to %s while the tap runs; decrypt with\n  tshark -o tls.keylog_file:%s -r %s -Y http\n", keys.Path, keys.Path, pcap)
+		case st.NoMITM:
+			fmt.Fprintf(e.stderr, "abox: %s does not intercept TLS (--no-mitm): HTTPS in the capture cannot be decrypted\n", name)
+		}
+	}
+	err = tap.Run(ctx, o, e.stdout, e.stderr, ready)
+	if errors.Is(err, tap.ErrNoTcpdump) {
+		return withHint(err, "install it with `apt-get install tcpdump` (`abox check-deps` lists what abox needs)")
+	}
+	if err != nil {
+		return withHint(fmt.Errorf("instance %s: %w", name, err), fmt.Sprintf("the bridge exists only while the instance runs (`abox start %s`); tcpdump needs root", name))
+	}
+	return nil
+}
+
+func describeFilter(o tap.Options) string {
+	if f := o.BPF(); f != "" {
+		return "filter " + f
+	}
+	return "all traffic"
+}

@@ -1,0 +1,418 @@
+package doctor
+
+import (
+	"context"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/miekg/dns"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/abox-dev/abox/internal/api"
+	"github.com/abox-dev/abox/internal/hostfw"
+	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/paths"
+	"github.com/abox-dev/abox/internal/policy"
+)
+
+// Hypervisor is the read-only view of libvirt doctor needs.
+type Hypervisor interface {
+	State(ctx context.Context, domain string) (libvirt.DomainState, error)
+	DomainNICs(ctx context.Context, domain string, live bool) ([]libvirt.NIC, error)
+	NWFilterBindings(ctx context.Context) (map[string]string, error)
+	NWFilter(ctx context.Context, name string) (*libvirtxml.NWFilter, error)
+}
+
+// Firewall checks the host chains of a bridge.
+type Firewall interface {
+	Check(ctx context.Context, b hostfw.Bridge) (hostfw.Status, error)
+}
+
+// Runner runs a host program (iptables -S, to see where the jumps are).
+type Runner interface {
+	Run(ctx context.Context, name string, args ...string) ([]byte, error)
+}
+
+// Filters is the instance's local API.
+type Filters interface {
+	Status(ctx context.Context) (api.Status, error)
+}
+
+// Guest runs a shell script in the guest (over SSH) and returns its stdout.
+type Guest func(ctx context.Context, script string) ([]byte, error)
+
+// Instance is everything doctor looks at for one instance.
+type Instance struct {
+	State instance.State
+	Files paths.Instance
+	// Filter is the nwfilter abox defines for the instance (built from
+	// State), against which the defined one is compared.
+	Filter     *libvirtxml.NWFilter
+	Hypervisor Hypervisor
+	Firewall   Firewall
+	Run        Runner
+	Filters    Filters
+	// Guest is nil to skip the probes from inside the guest.
+	Guest Guest
+	// DNSAddr and ProxyAddr override where the filters are asked (tests);
+	// empty means the gateway's port 53 and proxy port.
+	DNSAddr, ProxyAddr string
+	// ProbeIP is a public address the guest must not reach directly, and
+	// ProbeResolver a third-party resolver it must not reach.
+	ProbeIP, ProbeResolver string
+}
+
+// Defaults for the probes: well-known anycast addresses. A sandbox that
+// reaches them is broken; one that does not sends nothing anywhere.
+const (
+	DefaultProbeIP       = "1.1.1.1"
+	DefaultProbeResolver = "9.9.9.9"
+)
+
+// Doctor checks every layer of a running instance from the host, then runs
+// negative probes from inside the guest. Checks that depend on a missing
+// layer are skipped, not failed twice.
+func Doctor(ctx context.Context, in Instance) Report {
+	t0 := time.Now()
+	var r Report
+	st := in.State
+	dom := libvirt.DomainName(st.Name)
+
+	running := false
+	ds, err := in.Hypervisor.State(ctx, dom)
+	switch {
+	case err != nil:
+		r.add(Check{Layer: "vm", Name: "domain running", Status: Fail, Detail: err.Error(), Fix: "abox start " + st.Name})
+	case !ds.Active():
+		r.add(Check{Layer: "vm", Name: "domain running", Status: Fail, Detail: "domain is " + string(ds), Fix: "abox start " + st.Name})
+	default:
+		running = true
+		r.add(Check{Layer: "vm", Name: "domain running", Status: Pass, Detail: string(ds)})
+	}
+
+	nwfilterChecks(ctx, in, running, &r)
+	hostfwChecks(ctx, in, &r)
+	apiUp := daemonChecks(ctx, in, &r)
+	logChecks(in, &r)
+	if in.Guest == nil {
+		r.TookMS = since(t0)
+		return r
+	}
+	if !running {
+		r.add(Check{Layer: "guest", Name: "probes", Status: Skip, Detail: "the guest is not running"})
+	} else {
+		guestProbes(ctx, in, apiUp, &r)
+	}
+	r.TookMS = since(t0)
+	return r
+}
+
+func nwfilterChecks(ctx context.Context, in Instance, running bool, r *Report) {
+	st := in.State
+	want := libvirt.FilterName(st.Name)
+	fix := "abox restart " + st.Name + " (start redefines the nwfilter from the instance's state and binds it to the new interface)"
+
+	nf, err := in.Hypervisor.NWFilter(ctx, want)
+	switch {
+	case err != nil:
+		r.add(Check{Layer: "nwfilter", Name: "filter defined", Status: Fail, Detail: err.Error(), Fix: fix})
+	case in.Filter != nil && !sameRules(nf, in.Filter):
+		r.add(Check{Layer: "nwfilter", Name: "filter defined", Status: Fail,
+			Detail: fmt.Sprintf("%s holds %d rules that differ from abox's policy (%d rules): edited outside abox", want, len(nf.Entries), len(in.Filter.Entries)), Fix: fix})
+	default:
+		r.add(Check{Layer: "nwfilter", Name: "filter defined", Status: Pass, Detail: fmt.Sprintf("%s, %d rules as abox defines them", want, len(nf.Entries))})
+	}
+
+	persistent, err := in.Hypervisor.DomainNICs(ctx, libvirt.DomainName(st.Name), false)
+	if err != nil {
+		r.add(Check{Layer: "nwfilter", Name: "persistent definition references it", Status: Fail, Detail: err.Error(), Fix: fix})
+	} else if bad := nicsWithout(persistent, want); len(persistent) == 0 || len(bad) > 0 {
+		r.add(Check{Layer: "nwfilter", Name: "persistent definition references it", Status: Fail,
+			Detail: "interfaces without filterref " + want + ": " + describeNICs(bad, persistent), Fix: fix})
+	} else {
+		r.add(Check{Layer: "nwfilter", Name: "persistent definition references it", Status: Pass})
+	}
+	if !running {
+		r.add(Check{Layer: "nwfilter", Name: "bound on the live interface", Status: Skip, Detail: "the guest is not running"})
+		return
+	}
+	live, err := in.Hypervisor.DomainNICs(ctx, libvirt.DomainName(st.Name), true)
+	if err != nil {
+		r.add(Check{Layer: "nwfilter", Name: "bound on the live interface", Status: Fail, Detail: err.Error(), Fix: fix})
+		return
+	}
+	bindings, err := in.Hypervisor.NWFilterBindings(ctx)
+	if err != nil {
+		r.add(Check{Layer: "nwfilter", Name: "bound on the live interface", Status: Fail, Detail: err.Error(), Fix: fix})
+		return
+	}
+	var problems []string
+	for _, n := range live {
+		switch {
+		case n.Target == "":
+			problems = append(problems, "an interface ("+n.MAC+") has no host device")
+		case bindings[n.Target] != want:
+			got := bindings[n.Target]
+			if got == "" {
+				got = "no filter"
+			}
+			problems = append(problems, fmt.Sprintf("%s (%s) is bound to %s", n.Target, n.MAC, got))
+		}
+	}
+	if len(live) == 0 {
+		problems = append(problems, "the running domain has no interface")
+	}
+	if len(problems) > 0 {
+		r.add(Check{Layer: "nwfilter", Name: "bound on the live interface", Status: Fail,
+			Detail: strings.Join(problems, "; ") + ": the guest's packets are not filtered", Fix: fix})
+		return
+	}
+	devs := make([]string, 0, len(live))
+	for _, n := range live {
+		devs = append(devs, n.Target)
+	}
+	r.add(Check{Layer: "nwfilter", Name: "bound on the live interface", Status: Pass, Detail: strings.Join(devs, ", ") + " → " + want})
+}
+
+// sameRules compares the rules of two filters as libvirt would apply them.
+func sameRules(got, want *libvirtxml.NWFilter) bool {
+	if len(got.Entries) != len(want.Entries) {
+		return false
+	}
+	for i := range got.Entries {
+		a, err1 := xml.Marshal(got.Entries[i])
+		b, err2 := xml.Marshal(want.Entries[i])
+		if err1 != nil || err2 != nil || string(a) != string(b) {
+			return false
+		}
+	}
+	return true
+}
+
+func nicsWithout(nics []libvirt.NIC, filter string) []libvirt.NIC {
+	var out []libvirt.NIC
+	for _, n := range nics {
+		if n.FilterRef != filter {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func describeNICs(bad, all []libvirt.NIC) string {
+	if len(all) == 0 {
+		return "the definition has no interface"
+	}
+	var s []string
+	for _, n := range bad {
+		ref := n.FilterRef
+		if ref == "" {
+			ref = "none"
+		}
+		s = append(s, fmt.Sprintf("%s (filterref %s)", n.MAC, ref))
+	}
+	return strings.Join(s, ", ")
+}
+
+func hostfwChecks(ctx context.Context, in Instance, r *Report) {
+	st := in.State
+	fix := "abox restart " + st.Name + " (start re-creates the host chains)"
+	fs, err := in.Firewall.Check(ctx, hostfw.Bridge{Name: st.Bridge, Gateway: st.Gateway, ProxyPort: st.ProxyPort})
+	switch {
+	case err != nil:
+		r.add(Check{Layer: "hostfw", Name: "host chains present", Status: Fail, Detail: err.Error(), Fix: fix})
+		return
+	case !fs.Intact():
+		r.add(Check{Layer: "hostfw", Name: "host chains present", Status: Fail, Detail: strings.Join(fs.Problems, "; "), Fix: fix})
+		return
+	}
+	r.add(Check{Layer: "hostfw", Name: "host chains present", Status: Pass,
+		Detail: strings.Join([]string{hostfw.ChainName(st.Bridge), hostfw.InputChainName(st.Bridge), hostfw.OutputChainName(st.Bridge)}, ", ")})
+	if in.Run == nil {
+		return
+	}
+	var problems []string
+	for _, builtin := range []string{"FORWARD", "INPUT", "OUTPUT"} {
+		out, err := in.Run.Run(ctx, "iptables", "-w", "10", "-t", hostfw.Table, "-S", builtin)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("listing %s %s: %v", hostfw.Table, builtin, err))
+			continue
+		}
+		if p := jumpsFirst(string(out), builtin, st.Bridge); p != "" {
+			problems = append(problems, p)
+		}
+	}
+	if len(problems) > 0 {
+		r.add(Check{Layer: "hostfw", Name: "host chains first", Status: Fail, Detail: strings.Join(problems, "; "), Fix: fix + "; find what inserted the foreign rule"})
+		return
+	}
+	r.add(Check{Layer: "hostfw", Name: "host chains first", Status: Pass, Detail: "abox's jumps precede every other rule in " + hostfw.Table + " FORWARD, INPUT and OUTPUT"})
+}
+
+// jumpsFirst checks that in `iptables -S builtin` output, every rule before
+// the bridge's jumps is a jump of abox's (another instance's): a foreign
+// rule there could accept the bridge's traffic before abox's chain sees it.
+func jumpsFirst(out, builtin, bridge string) string {
+	target := map[string]string{"FORWARD": hostfw.ChainName(bridge), "INPUT": hostfw.InputChainName(bridge), "OUTPUT": hostfw.OutputChainName(bridge)}[builtin]
+	prefixes := []string{hostfw.ChainPrefix, hostfw.InputChainPrefix, hostfw.OutputChainPrefix}
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "-A "+builtin+" ") {
+			continue
+		}
+		f := strings.Fields(line)
+		j := slices.Index(f, "-j")
+		jt := ""
+		if j >= 0 && j+1 < len(f) {
+			jt = f[j+1]
+		}
+		if jt == target {
+			return ""
+		}
+		isOurs := false
+		for _, p := range prefixes {
+			if strings.HasPrefix(jt, p) {
+				isOurs = true
+			}
+		}
+		if !isOurs {
+			return fmt.Sprintf("%s %s: %q comes before the jump to %s", hostfw.Table, builtin, line, target)
+		}
+	}
+	return fmt.Sprintf("%s %s: no jump to %s", hostfw.Table, builtin, target)
+}
+
+// daemonChecks checks the API, the mode, the allowlist and that the DNS
+// filter and the proxy answer on the gateway. It reports whether the API
+// answered.
+func daemonChecks(ctx context.Context, in Instance, r *Report) bool {
+	st := in.State
+	fix := "abox start " + st.Name + " (brings back filters that died; see " + in.Files.DaemonLog + ")"
+	actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	s, err := in.Filters.Status(actx)
+	if err != nil {
+		r.add(Check{Layer: "daemon", Name: "api answering", Status: Fail, Detail: err.Error() + ": DNS and the proxy are down, the guest reaches nothing", Fix: fix})
+		r.add(Check{Layer: "daemon", Name: "dns and proxy", Status: Skip, Detail: "the daemon is down"})
+		return false
+	}
+	r.add(Check{Layer: "daemon", Name: "api answering", Status: Pass, Detail: in.Files.APISocket})
+	if s.Mode == policy.Passive {
+		r.add(Check{Layer: "daemon", Name: "mode", Status: Warn, Detail: "passive: every name is allowed and recorded",
+			Fix: "abox net filter " + st.Name + " active (never run untrusted workloads in passive mode)"})
+	} else {
+		r.add(Check{Layer: "daemon", Name: "mode", Status: Pass, Detail: string(s.Mode)})
+	}
+	if s.Allowlist.LastError != "" {
+		r.add(Check{Layer: "daemon", Name: "allowlist", Status: Warn, Detail: "last reload rejected (previous list in force): " + s.Allowlist.LastError,
+			Fix: "fix " + s.Allowlist.Path + " (abox allowlist check FILE), then abox allowlist reload " + st.Name})
+	} else {
+		r.add(Check{Layer: "daemon", Name: "allowlist", Status: Pass, Detail: fmt.Sprintf("%d entries from %s", s.Allowlist.Entries, s.Allowlist.Path)})
+	}
+	dnsAddr, proxyAddr := in.DNSAddr, in.ProxyAddr
+	if dnsAddr == "" {
+		dnsAddr = net.JoinHostPort(st.Gateway.String(), "53")
+	}
+	if proxyAddr == "" {
+		proxyAddr = net.JoinHostPort(st.Gateway.String(), strconv.Itoa(int(st.ProxyPort)))
+	}
+	r.add(dnsAnswers(ctx, st, dnsAddr))
+	r.add(proxyAnswers(ctx, st, proxyAddr))
+	return true
+}
+
+func dnsAnswers(ctx context.Context, st instance.State, addr string) Check {
+	c := Check{Layer: "dns", Name: "filter answering", Fix: "abox start " + st.Name}
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(policy.HealthcheckName), dns.TypeA)
+	cl := &dns.Client{Timeout: time.Second}
+	var resp *dns.Msg
+	var err error
+	for range 3 { // UDP: a lost datagram is not a dead filter
+		if resp, _, err = cl.ExchangeContext(ctx, m, addr); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		c.Status, c.Detail = Fail, fmt.Sprintf("%s: %v", addr, err)
+		return c
+	}
+	for _, a := range resp.Answer {
+		if ar, ok := a.(*dns.A); ok && ar.A.String() == "127.0.0.1" {
+			c.Status, c.Detail, c.Fix = Pass, addr+" answers "+policy.HealthcheckName, ""
+			return c
+		}
+	}
+	c.Status, c.Detail = Fail, fmt.Sprintf("%s answered %s without 127.0.0.1 for %s", addr, dns.RcodeToString[resp.Rcode], policy.HealthcheckName)
+	return c
+}
+
+func proxyAnswers(ctx context.Context, st instance.State, addr string) Check {
+	c := Check{Layer: "proxy", Name: "filter answering", Fix: "abox start " + st.Name}
+	pu := &url.URL{Scheme: "http", Host: addr}
+	hc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(pu)}}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+policy.HealthcheckName+"/", nil)
+	resp, err := hc.Do(req)
+	if err != nil {
+		c.Status, c.Detail = Fail, fmt.Sprintf("%s: %v", addr, err)
+		return c
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Abox-Reason") != policy.ReasonHealthcheck {
+		c.Status, c.Detail = Fail, fmt.Sprintf("%s answered %s (reason %q) for the healthcheck", addr, resp.Status, resp.Header.Get("X-Abox-Reason"))
+		return c
+	}
+	c.Status, c.Detail, c.Fix = Pass, addr+" answers the healthcheck", ""
+	return c
+}
+
+func logChecks(in Instance, r *Report) {
+	dir := in.Files.LogsDir
+	c := Check{Layer: "logs", Name: "writable", Fix: "check the permissions and free space of " + dir}
+	f, err := os.CreateTemp(dir, ".doctor-*")
+	if err != nil {
+		c.Status, c.Detail = Fail, err.Error()
+		r.add(c)
+		return
+	}
+	name := f.Name()
+	_, werr := f.WriteString("x")
+	f.Close()
+	os.Remove(name)
+	if werr != nil {
+		c.Status, c.Detail = Fail, werr.Error()
+		r.add(c)
+		return
+	}
+	var bad []string
+	for _, n := range []string{"dns.log", "http.log", "daemon.log"} {
+		p := filepath.Join(dir, n)
+		lf, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			bad = append(bad, err.Error())
+			continue
+		}
+		lf.Close()
+	}
+	if len(bad) > 0 {
+		c.Status, c.Detail = Fail, strings.Join(bad, "; ")
+		r.add(c)
+		return
+	}
+	c.Status, c.Detail, c.Fix = Pass, dir, ""
+	r.add(c)
+}

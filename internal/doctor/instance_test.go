@@ -1,0 +1,303 @@
+package doctor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/miekg/dns"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/abox-dev/abox/internal/api"
+	"github.com/abox-dev/abox/internal/hostfw"
+	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/paths"
+	"github.com/abox-dev/abox/internal/policy"
+)
+
+type fakeHV struct {
+	state    libvirt.DomainState
+	live     []libvirt.NIC
+	persist  []libvirt.NIC
+	bindings map[string]string
+	filter   *libvirtxml.NWFilter
+}
+
+func (f *fakeHV) State(context.Context, string) (libvirt.DomainState, error) { return f.state, nil }
+func (f *fakeHV) DomainNICs(_ context.Context, _ string, live bool) ([]libvirt.NIC, error) {
+	if live {
+		return f.live, nil
+	}
+	return f.persist, nil
+}
+func (f *fakeHV) NWFilterBindings(context.Context) (map[string]string, error) { return f.bindings, nil }
+func (f *fakeHV) NWFilter(context.Context, string) (*libvirtxml.NWFilter, error) {
+	if f.filter == nil {
+		return nil, fmt.Errorf("reading nwfilter: %w", libvirt.ErrNotFound)
+	}
+	return f.filter, nil
+}
+
+type fakeFW struct{ problems []string }
+
+func (f *fakeFW) Check(_ context.Context, b hostfw.Bridge) (hostfw.Status, error) {
+	return hostfw.Status{Bridge: b.Name, Problems: f.problems}, nil
+}
+
+type fakeRun struct{ rules map[string]string }
+
+func (f *fakeRun) Run(_ context.Context, name string, args ...string) ([]byte, error) {
+	return []byte(f.rules[args[len(args)-1]]), nil
+}
+
+type fakeFilters struct {
+	mode policy.Mode
+	err  error
+}
+
+func (f *fakeFilters) Status(context.Context) (api.Status, error) {
+	return api.Status{Mode: f.mode}, f.err
+}
+
+// servers runs a DNS server answering the healthcheck and an HTTP server
+// answering as the proxy does, on loopback.
+func servers(t *testing.T) (dnsAddr, proxyAddr string) {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		if r.Question[0].Name == policy.HealthcheckName+"." {
+			rr, _ := dns.NewRR(policy.HealthcheckName + ". 0 IN A 127.0.0.1")
+			m.Answer = append(m.Answer, rr)
+		}
+		w.WriteMsg(m)
+	})}
+	go ds.ActivateAndServe()
+	t.Cleanup(func() { ds.Shutdown() })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Host != policy.HealthcheckName {
+			http.Error(w, "no", http.StatusForbidden)
+			return
+		}
+		w.Header().Set("X-Abox-Reason", policy.ReasonHealthcheck)
+	})}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+	return pc.LocalAddr().String(), ln.Addr().String()
+}
+
+const bridge = "abx0123"
+
+func healthyInstance(t *testing.T) (Instance, *fakeHV, *fakeFW, *fakeRun, *fakeFilters) {
+	st := instance.State{Name: "dev", Bridge: bridge, Gateway: netip.MustParseAddr("10.10.3.1"), GuestIP: netip.MustParseAddr("10.10.3.10"), ProxyPort: 3128}
+	filter := &libvirtxml.NWFilter{Name: "abox-dev", Entries: []libvirtxml.NWFilterEntry{{Rule: &libvirtxml.NWFilterRule{Action: "drop", Direction: "inout", Priority: 999}}}}
+	same := *filter
+	hv := &fakeHV{
+		state:    libvirt.StateRunning,
+		live:     []libvirt.NIC{{Target: "vnet0", MAC: "52:54:00:00:00:01", FilterRef: "abox-dev"}},
+		persist:  []libvirt.NIC{{MAC: "52:54:00:00:00:01", FilterRef: "abox-dev"}},
+		bindings: map[string]string{"vnet0": "abox-dev"},
+		filter:   &same,
+	}
+	fw := &fakeFW{}
+	run := &fakeRun{rules: map[string]string{
+		"FORWARD": "-P FORWARD ACCEPT\n-A FORWARD -i abxother -j ABOX-abxother\n-A FORWARD -i " + bridge + " -j ABOX-" + bridge + "\n-A FORWARD -j LIBVIRT_FWX\n",
+		"INPUT":   "-P INPUT ACCEPT\n-A INPUT -i " + bridge + " -j ABOXI-" + bridge + "\n",
+		"OUTPUT":  "-P OUTPUT ACCEPT\n-A OUTPUT -o " + bridge + " -j ABOXO-" + bridge + "\n",
+	}}
+	fl := &fakeFilters{mode: policy.Active}
+	d, p := servers(t)
+	in := Instance{
+		State: st, Files: paths.Instance{LogsDir: t.TempDir(), APISocket: "/x/api.sock", DaemonLog: "/x/daemon.log"},
+		Filter: filter, Hypervisor: hv, Firewall: fw, Run: run, Filters: fl, DNSAddr: d, ProxyAddr: p,
+	}
+	return in, hv, fw, run, fl
+}
+
+func failures(r Report) []string {
+	var out []string
+	for _, c := range r.Checks {
+		if c.Status == Fail {
+			out = append(out, c.Layer+"/"+c.Name)
+		}
+	}
+	return out
+}
+
+// TestDoctorNamesEachBrokenLayer breaks one layer at a time and checks that
+// exactly that layer's check fails, with a fix.
+func TestDoctorNamesEachBrokenLayer(t *testing.T) {
+	tests := []struct {
+		name  string
+		brk   func(hv *fakeHV, fw *fakeFW, run *fakeRun, fl *fakeFilters)
+		fails []string
+	}{
+		{"healthy", func(*fakeHV, *fakeFW, *fakeRun, *fakeFilters) {}, nil},
+		{"binding deleted", func(hv *fakeHV, _ *fakeFW, _ *fakeRun, _ *fakeFilters) { delete(hv.bindings, "vnet0") },
+			[]string{"nwfilter/bound on the live interface"}},
+		{"bound to another filter", func(hv *fakeHV, _ *fakeFW, _ *fakeRun, _ *fakeFilters) { hv.bindings["vnet0"] = "allow-all" },
+			[]string{"nwfilter/bound on the live interface"}},
+		{"persistent definition without filterref", func(hv *fakeHV, _ *fakeFW, _ *fakeRun, _ *fakeFilters) {
+			hv.persist = []libvirt.NIC{{MAC: "52:54:00:00:00:01"}}
+		}, []string{"nwfilter/persistent definition references it"}},
+		{"filter edited", func(hv *fakeHV, _ *fakeFW, _ *fakeRun, _ *fakeFilters) {
+			hv.filter = &libvirtxml.NWFilter{Name: "abox-dev", Entries: []libvirtxml.NWFilterEntry{{Rule: &libvirtxml.NWFilterRule{Action: "accept", Direction: "inout", Priority: 999}}}}
+		}, []string{"nwfilter/filter defined"}},
+		{"filter missing", func(hv *fakeHV, _ *fakeFW, _ *fakeRun, _ *fakeFilters) { hv.filter = nil }, []string{"nwfilter/filter defined"}},
+		{"chain missing", func(_ *fakeHV, fw *fakeFW, _ *fakeRun, _ *fakeFilters) {
+			fw.problems = []string{"iptables: chain ABOXI-" + bridge + " missing"}
+		}, []string{"hostfw/host chains present"}},
+		{"foreign rule first", func(_ *fakeHV, _ *fakeFW, run *fakeRun, _ *fakeFilters) {
+			run.rules["INPUT"] = "-A INPUT -j ACCEPT\n" + run.rules["INPUT"]
+		}, []string{"hostfw/host chains first"}},
+		{"daemon down", func(_ *fakeHV, _ *fakeFW, _ *fakeRun, fl *fakeFilters) { fl.err = api.ErrNotRunning },
+			[]string{"daemon/api answering"}},
+		{"domain off", func(hv *fakeHV, _ *fakeFW, _ *fakeRun, _ *fakeFilters) { hv.state = libvirt.StateShutoff },
+			[]string{"vm/domain running"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			in, hv, fw, run, fl := healthyInstance(t)
+			tc.brk(hv, fw, run, fl)
+			r := Doctor(context.Background(), in)
+			got := failures(r)
+			if strings.Join(got, ",") != strings.Join(tc.fails, ",") {
+				t.Fatalf("failures = %q, want %q\n%+v", got, tc.fails, r.Checks)
+			}
+			for _, c := range r.Checks {
+				if c.Status == Fail && c.Fix == "" {
+					t.Errorf("%s/%s fails without a fix", c.Layer, c.Name)
+				}
+			}
+		})
+	}
+}
+
+func TestDoctorDNSAndProxyDown(t *testing.T) {
+	in, _, _, _, _ := healthyInstance(t)
+	in.DNSAddr, in.ProxyAddr = "127.0.0.1:1", "127.0.0.1:1"
+	got := failures(Doctor(context.Background(), in))
+	if strings.Join(got, ",") != "dns/filter answering,proxy/filter answering" {
+		t.Errorf("failures = %q", got)
+	}
+}
+
+func TestJumpsFirst(t *testing.T) {
+	fw := "-A FORWARD -i " + bridge + " -j ABOX-" + bridge
+	tests := []struct {
+		name, rules string
+		ok          bool
+	}{
+		{"first", "-P FORWARD ACCEPT\n" + fw + "\n-A FORWARD -j ACCEPT", true},
+		{"after another instance", "-A FORWARD -o b2 -j ABOX-b2\n" + fw, true},
+		{"after a foreign accept", "-A FORWARD -j ACCEPT\n" + fw, false},
+		{"after a foreign chain", "-A FORWARD -j DOCKER-USER\n" + fw, false},
+		{"absent", "-A FORWARD -j ABOX-b2", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if p := jumpsFirst(tc.rules, "FORWARD", bridge); (p == "") != tc.ok {
+				t.Errorf("jumpsFirst = %q, want ok %v", p, tc.ok)
+			}
+		})
+	}
+}
+
+// TestGuestProbes feeds the probe parser what a guest prints, including a
+// hostile guest's forged and garbled lines.
+func TestGuestProbes(t *testing.T) {
+	in, _, _, _, _ := healthyInstance(t)
+	ps := probes(in, false)
+	if out, err := exec.Command("sh", "-n", "-c", script(ps)).CombinedOutput(); err != nil {
+		t.Fatalf("the probe script is not valid sh: %v\n%s", err, out)
+	}
+	// What each probe prints on a sandbox that holds.
+	good := func(p probe) (int, string) {
+		switch {
+		case strings.HasPrefix(p.name, "dns works"):
+			return 0, "127.0.0.1"
+		case strings.HasPrefix(p.name, "CA installed"):
+			return 0, "200"
+		case strings.Contains(p.name, "NXDOMAIN"):
+			return 0, "status: NXDOMAIN EDE: 15 (Blocked): (not_allowlisted)"
+		case strings.Contains(p.name, "URL gets 403"):
+			return 0, "HTTP/1.1 403 Forbidden X-Abox-Reason: not_allowlisted"
+		case strings.HasPrefix(p.name, "private"):
+			return 0, "HTTP/1.1 403 Forbidden X-Abox-Reason: private"
+		case strings.HasPrefix(p.name, "metadata"):
+			return 0, "HTTP/1.1 403 Forbidden x-abox-reason: metadata"
+		case strings.HasPrefix(p.name, "third-party"):
+			return 9, ";; connection timed out; no servers could be reached"
+		case strings.HasPrefix(p.name, "ping"):
+			return 1, "1 packets transmitted, 0 received"
+		}
+		return 28, "curl: (28) Connection timed out"
+	}
+	run := func(mod func(i int, p probe) string) Report {
+		in.Guest = func(ctx context.Context, _ string) ([]byte, error) {
+			var b strings.Builder
+			b.WriteString("99\t0\tforged line for a probe that does not exist\n\x1b[2Jgarbage\n")
+			for i, p := range ps {
+				if l := mod(i, p); l != "" {
+					b.WriteString(l + "\n")
+				}
+			}
+			return []byte(b.String()), nil
+		}
+		var r Report
+		guestProbes(context.Background(), in, true, &r)
+		return r
+	}
+	r := run(func(i int, p probe) string { rc, o := good(p); return fmt.Sprintf("%d\t%d\t%s", i, rc, o) })
+	if f := failures(r); len(f) != 0 || len(r.Checks) != len(ps) {
+		t.Fatalf("healthy probes: failures %q, %d checks for %d probes", f, len(r.Checks), len(ps))
+	}
+	// Each probe, when the sandbox leaks, fails on its own.
+	for i, p := range ps {
+		r := run(func(j int, q probe) string {
+			rc, o := good(q)
+			if j == i {
+				rc, o = 0, "connected; HTTP/1.1 200 OK; 11.22.33.44"
+				if strings.HasPrefix(q.name, "dns works") || strings.HasPrefix(q.name, "CA installed") {
+					rc, o = 60, "curl: (60) SSL certificate problem"
+				}
+			}
+			return fmt.Sprintf("%d\t%d\t%s", j, rc, o)
+		})
+		if f := failures(r); len(f) != 1 || f[0] != "guest/"+p.name {
+			t.Errorf("leaking %q: failures %q", p.name, f)
+		}
+	}
+	// A probe that never reports fails; no output at all is an ssh failure.
+	r = run(func(j int, q probe) string {
+		if j == 0 {
+			return ""
+		}
+		rc, o := good(q)
+		return fmt.Sprintf("%d\t%d\t%s", j, rc, o)
+	})
+	if f := failures(r); len(f) != 1 {
+		t.Errorf("missing report: failures %q", f)
+	}
+	in.Guest = func(context.Context, string) ([]byte, error) { return nil, errors.New("ssh: connect refused") }
+	var rr Report
+	guestProbes(context.Background(), in, true, &rr)
+	if f := failures(rr); len(f) != 1 || f[0] != "guest/ssh" {
+		t.Errorf("ssh down: failures %q", f)
+	}
+}

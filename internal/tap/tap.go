@@ -1,0 +1,209 @@
+// Package tap captures an instance's bridge traffic with tcpdump and, while a
+// capture runs, has the proxy write the TLS session keys of intercepted
+// sessions to the instance's key log so that the capture can be decrypted.
+package tap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/abox-dev/abox/internal/validate"
+)
+
+// Options describe one capture.
+type Options struct {
+	// Bridge is the instance's bridge interface (validated).
+	Bridge string
+	// Write is the pcap file to write; empty prints decoded packets.
+	Write string
+	// Count stops after this many packets; 0 means until interrupted.
+	Count int
+	// Filter is a BPF expression ANDed with the default exclusions.
+	Filter string
+	// IncludeSSH keeps host↔guest SSH (left out by default: it is abox's
+	// own control channel and would drown everything else).
+	IncludeSSH bool
+	// Extra are passed to tcpdump after abox's own arguments.
+	Extra []string
+}
+
+// ErrNoTcpdump means tcpdump is not installed.
+var ErrNoTcpdump = errors.New("tcpdump is not installed")
+
+// BPF is the filter expression the capture uses.
+func (o Options) BPF() string {
+	var parts []string
+	if f := strings.TrimSpace(o.Filter); f != "" {
+		parts = append(parts, "("+f+")")
+	}
+	if !o.IncludeSSH {
+		parts = append(parts, "not (tcp port 22)")
+	}
+	return strings.Join(parts, " and ")
+}
+
+// Args is tcpdump's argument list. A capture file is written by abox from
+// tcpdump's standard output (-w -), so tcpdump can keep dropping its root
+// privileges before it parses a hostile guest's packets and the file is
+// created 0600 by abox (it holds what the guest sent).
+func (o Options) Args() ([]string, error) {
+	if err := validate.Bridge(o.Bridge); err != nil {
+		return nil, err
+	}
+	if o.Count < 0 {
+		return nil, fmt.Errorf("packet count %d: want 0 (no limit) or more", o.Count)
+	}
+	// --immediate-mode: packets reach the terminal or the file as they
+	// arrive rather than in ring-buffer blocks, so a short or interrupted
+	// capture still holds them.
+	args := []string{"-i", o.Bridge, "-n", "--immediate-mode"}
+	if o.Write != "" {
+		args = append(args, "-U", "-w", "-")
+	} else {
+		args = append(args, "-l")
+	}
+	if o.Count > 0 {
+		args = append(args, "-c", strconv.Itoa(o.Count))
+	}
+	args = append(args, o.Extra...)
+	if f := o.BPF(); f != "" {
+		args = append(args, f)
+	}
+	return args, nil
+}
+
+// Run runs tcpdump until it exits (count reached) or ctx ends, when it is
+// interrupted so that it flushes and reports its counters. Decoded packets or
+// the pcap stream go to stdout or to o.Write; tcpdump's diagnostics to stderr.
+// ready, if set, is called once tcpdump says it is listening.
+func Run(ctx context.Context, o Options, stdout, stderr io.Writer, ready func()) error {
+	args, err := o.Args()
+	if err != nil {
+		return err
+	}
+	bin, err := exec.LookPath("tcpdump")
+	if err != nil {
+		return ErrNoTcpdump
+	}
+	cmd := exec.Command(bin, args...)
+	out := stdout
+	if o.Write != "" {
+		f, err := os.OpenFile(o.Write, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		if err != nil {
+			return fmt.Errorf("opening the capture file: %w", err)
+		}
+		defer f.Close()
+		out = f
+	}
+	cmd.Stdout = out
+	cmd.Stderr = &readyWriter{w: stderr, ready: ready}
+	// Its own process group: the terminal's Ctrl-C reaches abox, which
+	// interrupts tcpdump itself and then still turns the key log off.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting tcpdump: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case err = <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			err = <-done
+		}
+		if ctx.Err() != nil {
+			// An interrupted capture is a finished capture.
+			var ee *exec.ExitError
+			if err == nil || errors.As(err, &ee) {
+				return nil
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("tcpdump on %s: %w", o.Bridge, err)
+	}
+	return nil
+}
+
+// readyWriter passes tcpdump's stderr through and calls ready on the
+// "listening on" line.
+type readyWriter struct {
+	w     io.Writer
+	ready func()
+	seen  bool
+	buf   []byte
+}
+
+func (r *readyWriter) Write(b []byte) (int, error) {
+	if !r.seen && r.ready != nil {
+		r.buf = append(r.buf, b...)
+		if strings.Contains(string(r.buf), "listening on") {
+			r.seen = true
+			r.buf = nil
+			r.ready()
+		} else if len(r.buf) > 4096 {
+			r.buf = r.buf[len(r.buf)-1024:]
+		}
+	}
+	return r.w.Write(b)
+}
+
+// KeyLogSwitch is the instance API's key-log switch.
+type KeyLogSwitch interface {
+	SetKeyLog(ctx context.Context, enabled bool) (path string, err error)
+}
+
+// Keys holds the key log on for the time of a capture. Several taps of one
+// instance may run at once: each holds a shared lock on lockPath, and the
+// last one to finish (the one that gets the lock exclusively) turns the key
+// log off.
+type Keys struct {
+	sw   KeyLogSwitch
+	lock *os.File
+	// Path is where the proxy writes the keys.
+	Path string
+}
+
+// HoldKeys turns the key log on and takes a shared hold on it.
+func HoldKeys(ctx context.Context, sw KeyLogSwitch, lockPath string) (*Keys, error) {
+	if err := os.MkdirAll(filepath.Dir(lockPath), 0o700); err != nil {
+		return nil, fmt.Errorf("holding the key log: %w", err)
+	}
+	f, err := os.OpenFile(lockPath, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("holding the key log: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("holding the key log: %w", err)
+	}
+	path, err := sw.SetKeyLog(ctx, true)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &Keys{sw: sw, lock: f, Path: path}, nil
+}
+
+// Release turns the key log off unless another tap still holds it.
+func (k *Keys) Release(ctx context.Context) error {
+	defer k.lock.Close()
+	if err := syscall.Flock(int(k.lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return nil // another tap runs: it turns the log off when it ends
+	}
+	_, err := k.sw.SetKeyLog(ctx, false)
+	return err
+}

@@ -1,0 +1,171 @@
+package tap
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestArgs(t *testing.T) {
+	tests := []struct {
+		name string
+		o    Options
+		want []string
+	}{
+		{"live, ssh left out", Options{Bridge: "abx0"}, []string{"-i", "abx0", "-n", "--immediate-mode", "-l", "not (tcp port 22)"}},
+		{"file and count", Options{Bridge: "abx0", Write: "/x.pcap", Count: 5}, []string{"-i", "abx0", "-n", "--immediate-mode", "-U", "-w", "-", "-c", "5", "not (tcp port 22)"}},
+		{"filter is parenthesised", Options{Bridge: "abx0", Filter: "udp or icmp"}, []string{"-i", "abx0", "-n", "--immediate-mode", "-l", "(udp or icmp) and not (tcp port 22)"}},
+		{"include ssh", Options{Bridge: "abx0", IncludeSSH: true}, []string{"-i", "abx0", "-n", "--immediate-mode", "-l"}},
+		{"extra before the filter", Options{Bridge: "abx0", IncludeSSH: true, Filter: "icmp", Extra: []string{"-vv"}}, []string{"-i", "abx0", "-n", "--immediate-mode", "-l", "-vv", "(icmp)"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tc.o.Args()
+			if err != nil || !slices.Equal(got, tc.want) {
+				t.Errorf("Args() = %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+	for _, bad := range []Options{{Bridge: "br0; rm -rf /"}, {Bridge: ""}, {Bridge: "abx0", Count: -1}} {
+		if _, err := bad.Args(); err == nil {
+			t.Errorf("Args(%+v) accepted", bad)
+		}
+	}
+}
+
+// TestRunWritesPcap runs the real tcpdump on loopback: the capture file is
+// 0600, holds the packets, and a context cancel ends the capture cleanly.
+func TestRunWritesPcap(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("tcpdump needs root")
+	}
+	if _, err := exec.LookPath("tcpdump"); err != nil {
+		t.Skip("tcpdump not installed")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("marker-in-the-capture"))
+			c.Close()
+		}
+	}()
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	pcap := filepath.Join(dir, "c.pcap")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rctx, stop := context.WithCancel(ctx)
+	ready := make(chan struct{})
+	var once sync.Once
+	var stderr bytes.Buffer
+	var mu sync.Mutex
+	errc := make(chan error, 1)
+	go func() {
+		errc <- Run(rctx, Options{Bridge: "lo", Write: pcap, Filter: "tcp port " + strconv.Itoa(port)}, nil, lockedWriter{&mu, &stderr}, func() { once.Do(func() { close(ready) }) })
+	}()
+	select {
+	case <-ready:
+	case err := <-errc:
+		t.Fatalf("tcpdump ended before listening: %v\n%s", err, stderr.String())
+	case <-ctx.Done():
+		t.Fatal("tcpdump never listened")
+	}
+	for i := 0; i < 3; i++ {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64)
+		c.Read(buf)
+		c.Close()
+	}
+	time.Sleep(300 * time.Millisecond)
+	stop()
+	if err := <-errc; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	fi, err := os.Stat(pcap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("capture mode %o, want 600", fi.Mode().Perm())
+	}
+	data, _ := os.ReadFile(pcap)
+	if !bytes.Contains(data, []byte("marker-in-the-capture")) {
+		t.Errorf("capture (%d bytes) lacks the payload; tcpdump said:\n%s", len(data), stderr.String())
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	b  *bytes.Buffer
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+type fakeSwitch struct {
+	mu  sync.Mutex
+	on  bool
+	set []bool
+}
+
+func (f *fakeSwitch) SetKeyLog(ctx context.Context, on bool) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.on = on
+	f.set = append(f.set, on)
+	return "/inst/logs/keys.log", nil
+}
+
+// TestKeysLastTapTurnsOff: with two taps running, the first to end leaves
+// the key log on for the other; the last turns it off.
+func TestKeysLastTapTurnsOff(t *testing.T) {
+	sw := &fakeSwitch{}
+	lock := filepath.Join(t.TempDir(), "run", "tap.lock")
+	ctx := context.Background()
+	a, err := HoldKeys(ctx, sw, lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := HoldKeys(ctx, sw, lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Path != "/inst/logs/keys.log" || !sw.on {
+		t.Fatalf("key log not on: %+v", sw)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !sw.on {
+		t.Fatal("the first tap to end turned the key log off under the second")
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if sw.on {
+		t.Fatal("the last tap left the key log on")
+	}
+}
