@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/api"
+	"github.com/abox-dev/abox/internal/budget"
 	"github.com/abox-dev/abox/internal/ca"
 	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/dnsfilter"
@@ -206,6 +207,17 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 	// One resolver for both filters, with the DNS filter's TTL bounds: a
 	// name the guest resolved costs the proxy no second lookup.
 	rc := resolver.Config{Upstream: up}
+	// One budget per guest for its DNS queries and the proxy's lookups on
+	// its behalf, so the proxy is no way around the DNS rate limit.
+	rate, burst := float64(DefaultRateLimit), DefaultRateBurst
+	if d := cfg.DNS; d != nil {
+		rate, burst = or(d.RateLimit, rate), or(d.RateBurst, burst)
+	}
+	var bud *budget.Limiter
+	if rate > 0 {
+		bud = budget.New(rate, burst, dnsfilter.DefaultRateClients)
+	}
+	rc.Budget = bud
 	if d := cfg.DNS; d != nil {
 		rc.MinTTL, rc.MaxTTL = d.MinTTL, d.MaxTTL
 		if d.CacheSize < 0 {
@@ -240,7 +252,7 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 			Addrs:  netclass.New(netclass.Options{Permit: cfg.AllowPrivate, PermitHost: cfg.AllowHost, Host: host}),
 			Logger: slog.New(slog.NewJSONHandler(dns.w, nil)), DecisionLog: dns.w,
 			MinTTL: d.MinTTL, MaxTTL: d.MaxTTL,
-			CacheSize: d.CacheSize, RateLimit: d.RateLimit, RateBurst: d.RateBurst,
+			CacheSize: d.CacheSize, RateLimit: d.RateLimit, RateBurst: d.RateBurst, Budget: bud,
 		})
 		if err != nil {
 			return Options{}, info, err

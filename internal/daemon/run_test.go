@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -30,22 +31,28 @@ type plane struct {
 	port  string // the origin's port
 }
 
-func startPlane(t *testing.T) *plane {
+func startPlane(t *testing.T) *plane { return startPlaneDNS(t, DNSConfig{RateLimit: -1}) }
+
+func startPlaneDNS(t *testing.T, dc DNSConfig) *plane {
 	t.Helper()
 	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "origin") }))
 	t.Cleanup(origin.Close)
 	_, port, _ := net.SplitHostPort(origin.Listener.Addr().String())
 	up := fakedns.StartT(t).Add("allowed.test. 300 IN A 127.0.0.1")
+	for i := range 10 {
+		up.Add(fmt.Sprintf("t%d.tunnel.test. 300 IN A 127.0.0.1", i))
+	}
 	dir, err := os.MkdirTemp("", "aboxd")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	p := &plane{up: up, allow: filepath.Join(dir, "allow.txt"), port: port}
-	if err := os.WriteFile(p.allow, []byte("allowed.test\n"), 0o600); err != nil {
+	if err := os.WriteFile(p.allow, []byte("allowed.test\n*.tunnel.test\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	n, _ := strconv.Atoi(port)
+	dc.Listen = "127.0.0.1:0"
 	sock := filepath.Join(dir, "api.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan Info, 1)
@@ -55,7 +62,7 @@ func startPlane(t *testing.T) *plane {
 			Instance: "t", AllowlistPath: p.allow, APISocket: sock,
 			Upstreams: []string{up.Addr},
 			AllowHost: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
-			DNS:       &DNSConfig{Listen: "127.0.0.1:0", RateLimit: -1},
+			DNS:       &dc,
 			HTTP:      &HTTPConfig{Listen: "127.0.0.1:0", Ports: []uint16{uint16(n)}, CADir: filepath.Join(dir, "ca")},
 			Ready:     func(i Info) { ready <- i },
 		})
@@ -164,5 +171,24 @@ func TestCacheNeverServesWhatThePolicyRefuses(t *testing.T) {
 	}
 	if code := p.get(t, "allowed.test"); code != http.StatusForbidden {
 		t.Errorf("back in active mode: proxy answered %d, want 403", code)
+	}
+}
+
+// The proxy's lookups are charged to the same per-guest budget as the
+// guest's own DNS queries: resolving fresh names through the proxy (a DNS
+// tunnel) stops at the guest's DNS rate, and spends what its DNS queries
+// could have used.
+func TestProxyLookupsShareTheGuestsDNSBudget(t *testing.T) {
+	p := startPlaneDNS(t, DNSConfig{RateLimit: 0.001, RateBurst: 4})
+	for i := range 4 {
+		if code := p.get(t, fmt.Sprintf("t%d.tunnel.test", i)); code != http.StatusOK {
+			t.Fatalf("request %d within the budget: %d", i, code)
+		}
+	}
+	if code := p.get(t, "t4.tunnel.test"); code != http.StatusBadGateway {
+		t.Errorf("a lookup over the guest's budget: proxy answered %d, want 502", code)
+	}
+	if rc := p.query(t, "allowed.test."); rc != dns.RcodeRefused {
+		t.Errorf("a DNS query after the proxy spent the budget: rcode %s, want REFUSED", dns.RcodeToString[rc])
 	}
 }

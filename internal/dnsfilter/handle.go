@@ -84,7 +84,7 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 		d.name, d.qtype = strings.TrimSuffix(req.Question[0].Name, "."), req.Question[0].Qtype
 	}
 	if s.limit != nil {
-		if ok, logIt := s.limit.allow(client, s.now()); !ok {
+		if ok, logIt := s.limit.Allow(client, s.now()); !ok {
 			s.st.rateLimited.Add(1)
 			d.verdict, d.reason, d.rcode = allowlist.Block, ReasonRateLimited, dns.RcodeRefused
 			if logIt {

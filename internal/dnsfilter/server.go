@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/abox-dev/abox/internal/budget"
 	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
@@ -75,6 +76,10 @@ type Config struct {
 	RateLimit   float64
 	RateBurst   int
 	RateClients int
+	// Budget, when set (and RateLimit is not negative), is the per-client
+	// bucket to charge instead of one of the filter's own, shared with the
+	// daemon's resolver; RateLimit, RateBurst and RateClients are then unused.
+	Budget *budget.Limiter
 	// QueryTimeout bounds the upstream part of one query.
 	QueryTimeout time.Duration
 	// MaxInflight bounds concurrent upstream queries; past it queries get
@@ -103,8 +108,8 @@ type Server struct {
 	maxTTL uint32 // seconds
 	qto    time.Duration
 
-	cache    *cache // nil when disabled
-	limit    *limiter
+	cache    *cache          // nil when disabled
+	limit    *budget.Limiter // nil: no limit
 	flight   singleflight.Group
 	inflight chan struct{}
 
@@ -145,7 +150,10 @@ func New(cfg Config) (*Server, error) {
 		s.cache = newCache(orDefault(cfg.CacheSize, DefaultCacheSize))
 	}
 	if cfg.RateLimit >= 0 {
-		s.limit = newLimiter(orDefault(cfg.RateLimit, DefaultRateLimit), orDefault(cfg.RateBurst, DefaultRateBurst), orDefault(cfg.RateClients, DefaultRateClients))
+		s.limit = cfg.Budget
+		if s.limit == nil {
+			s.limit = budget.New(orDefault(cfg.RateLimit, DefaultRateLimit), orDefault(cfg.RateBurst, DefaultRateBurst), orDefault(cfg.RateClients, DefaultRateClients))
+		}
 	}
 	s.inflight = make(chan struct{}, orDefault(cfg.MaxInflight, DefaultMaxInflight))
 	if s.ln != nil {

@@ -131,3 +131,17 @@ func (g *Guard) Dial(ctx context.Context, c *Checked) (net.Conn, error) {
 	}
 	return nil, fmt.Errorf("dialing %s: %w", c.Target.Authority(), errors.Join(errs...))
 }
+
+type clientKey struct{}
+
+// WithClient records in ctx the guest address a request is made for, so
+// that what the request costs (a name lookup) is charged to that guest.
+func WithClient(ctx context.Context, client netip.Addr) context.Context {
+	return context.WithValue(ctx, clientKey{}, client.Unmap())
+}
+
+// ClientOf returns the guest address recorded by WithClient.
+func ClientOf(ctx context.Context) (netip.Addr, bool) {
+	a, ok := ctx.Value(clientKey{}).(netip.Addr)
+	return a, ok && a.IsValid()
+}

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -233,6 +234,7 @@ func New(cfg Config) (*Proxy, error) {
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          log.New(io.Discard, "", 0),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			ctx = withClient(ctx, c)
 			if ic, ok := c.(*innerConn); ok {
 				return context.WithValue(ctx, scopeKey{}, ic.sc)
 			}
@@ -240,6 +242,15 @@ func New(cfg Config) (*Proxy, error) {
 		},
 	}
 	return p, nil
+}
+
+// withClient charges what a connection's requests cost (name lookups) to
+// the guest at its remote address.
+func withClient(ctx context.Context, c net.Conn) context.Context {
+	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
+		return egress.WithClient(ctx, ap.Addr())
+	}
+	return ctx
 }
 
 // Name implements daemon.Service.
@@ -259,7 +270,7 @@ func (p *Proxy) Serve(ctx context.Context) error {
 		ErrorLog:          log.New(io.Discard, "", 0),
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			return context.WithValue(ctx, connKey{}, c)
+			return context.WithValue(withClient(ctx, c), connKey{}, c)
 		},
 	}
 	ln := &limitListener{Listener: p.cfg.Listener, p: p, sem: make(chan struct{}, p.cfg.MaxConns)}

@@ -23,6 +23,8 @@ import (
 	"github.com/miekg/dns"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/abox-dev/abox/internal/budget"
+	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/upstream"
 )
 
@@ -48,6 +50,12 @@ type Config struct {
 	MaxBytes int
 	// Timeout bounds one upstream exchange shared by merged callers.
 	Timeout time.Duration
+	// Budget, when set, is charged one query for every LookupNetIP that
+	// must go upstream, on behalf of the guest egress.ClientOf(ctx) names:
+	// the same per-client bucket the DNS filter charges for the guest's own
+	// queries. Over budget, the lookup fails (temporary, never "no such
+	// host"); cached names cost nothing.
+	Budget *budget.Limiter
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -59,6 +67,7 @@ type Resolver struct {
 	minTTL, maxTTL uint32 // seconds, 1 <= minTTL <= maxTTL
 	timeout        time.Duration
 	now            func() time.Time
+	budget         *budget.Limiter // nil: lookups are not charged
 
 	mu       sync.Mutex
 	entries  map[key]*entry
@@ -71,7 +80,7 @@ type Resolver struct {
 	addrs map[string]addrEntry
 
 	flight singleflight.Group
-	st     struct{ hits, misses, merged, errors, evicted atomic.Uint64 }
+	st     struct{ hits, misses, merged, errors, evicted, limited atomic.Uint64 }
 }
 
 type addrEntry struct {
@@ -117,7 +126,7 @@ func New(cfg Config) (*Resolver, error) {
 	}
 	r := &Resolver{
 		up: cfg.Upstream, minTTL: uint32(lo / time.Second), maxTTL: uint32(hi / time.Second),
-		timeout: cfg.Timeout, now: cfg.Now,
+		timeout: cfg.Timeout, now: cfg.Now, budget: cfg.Budget,
 		entries: map[key]*entry{}, maxN: cfg.Entries, maxBytes: cfg.MaxBytes,
 		addrs: map[string]addrEntry{},
 	}
@@ -143,6 +152,8 @@ type Stats struct {
 	Merged  uint64 `json:"merged"`
 	Errors  uint64 `json:"errors"`
 	Evicted uint64 `json:"evicted"`
+	// Limited counts lookups refused because the guest was over budget.
+	Limited uint64 `json:"limited"`
 	Entries int    `json:"entries"`
 	Bytes   int    `json:"bytes"`
 }
@@ -153,7 +164,7 @@ func (r *Resolver) Stats() Stats {
 	n, b := len(r.entries), r.bytes
 	r.mu.Unlock()
 	return Stats{Hits: r.st.hits.Load(), Misses: r.st.misses.Load(), Merged: r.st.merged.Load(),
-		Errors: r.st.errors.Load(), Evicted: r.st.evicted.Load(), Entries: n, Bytes: b}
+		Errors: r.st.errors.Load(), Evicted: r.st.evicted.Load(), Limited: r.st.limited.Load(), Entries: n, Bytes: b}
 }
 
 // LookupNetIP resolves host (A and AAAA) through the cache. The addresses
@@ -176,6 +187,12 @@ func (r *Resolver) LookupNetIP(ctx context.Context, host string) ([]netip.Addr, 
 				return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
 			}
 			return slices.Clone(e.addrs), nil
+		}
+	}
+	if client, ok := egress.ClientOf(ctx); ok && r.budget != nil {
+		if ok, _ := r.budget.Allow(client, now); !ok {
+			r.st.limited.Add(1)
+			return nil, &net.DNSError{Err: "lookup budget of " + client.String() + " exceeded", Name: host, IsTemporary: true}
 		}
 	}
 	addrs, err := upstream.LookupNetIP(ctx, r, host, upstream.DefaultUDPSize)

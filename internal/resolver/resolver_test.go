@@ -2,7 +2,9 @@ package resolver_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/abox-dev/abox/internal/budget"
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/resolver"
@@ -236,5 +239,53 @@ func TestLookupFollowsTheShorterTTL(t *testing.T) {
 	lookup()
 	if got := f.CountFor("dual.test"); got != 3 { // AAAA expired, A still cached
 		t.Errorf("past the AAAA TTL: %d upstream queries, want 3", got)
+	}
+}
+
+// The proxy's lookups are charged to the guest they are made for: over its
+// budget a lookup fails (temporarily, never "no such host") and reaches no
+// upstream; cached names and other guests are unaffected.
+func TestLookupsChargeTheGuestsBudget(t *testing.T) {
+	f := fakedns.StartT(t)
+	for i := range 10 {
+		f.Add(fmt.Sprintf("t%d.tunnel.test. 300 IN A 93.184.1.%d", i, i+1))
+	}
+	up, err := upstream.New(upstream.Config{Servers: []string{f.Addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	r, err := resolver.New(resolver.Config{Upstream: up, Budget: budget.New(1, 3, 16), Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	guest := egress.WithClient(context.Background(), netip.MustParseAddr("10.10.0.2"))
+	other := egress.WithClient(context.Background(), netip.MustParseAddr("10.10.1.2"))
+	for i := range 3 {
+		if _, err := r.LookupNetIP(guest, fmt.Sprintf("t%d.tunnel.test", i)); err != nil {
+			t.Fatalf("lookup %d within the budget: %v", i, err)
+		}
+	}
+	before := f.Count()
+	_, err = r.LookupNetIP(guest, "t3.tunnel.test")
+	var de *net.DNSError
+	if !errors.As(err, &de) || !de.IsTemporary || de.IsNotFound {
+		t.Fatalf("lookup over the budget = %v, want a temporary DNSError", err)
+	}
+	if f.Count() != before {
+		t.Errorf("a lookup over the budget reached the upstream")
+	}
+	if _, err := r.LookupNetIP(guest, "t0.tunnel.test"); err != nil {
+		t.Errorf("a cached name cost budget: %v", err)
+	}
+	if _, err := r.LookupNetIP(other, "t4.tunnel.test"); err != nil {
+		t.Errorf("another guest was refused: %v", err)
+	}
+	clk.Add(time.Second)
+	if _, err := r.LookupNetIP(guest, "t5.tunnel.test"); err != nil {
+		t.Errorf("after a second the budget did not refill: %v", err)
+	}
+	if st := r.Stats(); st.Limited != 1 {
+		t.Errorf("stats %+v: want 1 limited", st)
 	}
 }
