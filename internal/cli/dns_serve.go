@@ -9,26 +9,17 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/abox-dev/abox/internal/daemon"
-	"github.com/abox-dev/abox/internal/validate"
 )
 
 // dnsServeOptions holds the flags of `abox dns serve`.
 type dnsServeOptions struct {
-	cpuProfile   string
-	name         string
-	listen       string
-	allowlist    string
-	upstreams    []string
-	allowPrivate []string
-	allowHost    []string
-	passive      bool
-	logFile      string
-	minTTL       time.Duration
-	maxTTL       time.Duration
-	cacheSize    int
-	rateLimit    float64
-	rateBurst    int
-	timeout      time.Duration
+	serveFlags
+	listen    string
+	minTTL    time.Duration
+	maxTTL    time.Duration
+	cacheSize int
+	rateLimit float64
+	rateBurst int
 }
 
 func newDNSServeCmd(e *env) *cobra.Command {
@@ -73,9 +64,6 @@ previous list stays in force.`,
 }
 
 func runDNSServe(ctx context.Context, e *env, o *dnsServeOptions) error {
-	if err := validate.InstanceName(o.name); err != nil {
-		return usageError{fmt.Errorf("--name: %w", err)}
-	}
 	if o.minTTL < time.Second || o.maxTTL < o.minTTL {
 		return usageError{fmt.Errorf("--min-ttl %s and --max-ttl %s: want 1s <= min <= max", o.minTTL, o.maxTTL)}
 	}
@@ -85,11 +73,7 @@ func runDNSServe(ctx context.Context, e *env, o *dnsServeOptions) error {
 	if o.cacheSize < 0 {
 		return usageError{errors.New("--cache-size must be >= 0")}
 	}
-	sc, err := resolveServe(e, o.name, o.allowlist, o.upstreams, o.allowPrivate, o.allowHost)
-	if err != nil {
-		return err
-	}
-	logs, closeLogs, err := serveLogStream(e, o.logFile)
+	cfg, _, closeLogs, err := o.resolve(e)
 	if err != nil {
 		return err
 	}
@@ -102,25 +86,14 @@ func runDNSServe(ctx context.Context, e *env, o *dnsServeOptions) error {
 	if cache == 0 {
 		cache = -1
 	}
-	return serveDataPlane(ctx, daemon.Config{
-		Instance:        o.name,
-		AllowlistPath:   sc.allowlist,
-		Passive:         o.passive,
-		APISocket:       sc.layout.APISocket(o.name),
-		Upstreams:       o.upstreams,
-		UpstreamTimeout: o.timeout,
-		AllowPrivate:    sc.permit,
-		AllowHost:       sc.permitHost,
-		DNS: &daemon.DNSConfig{
-			Listen: o.listen,
-			MinTTL: o.minTTL, MaxTTL: o.maxTTL,
-			CacheSize: cache, RateLimit: rate, RateBurst: o.rateBurst,
-		},
-		Logs:       logs,
-		CPUProfile: o.cpuProfile,
-		Ready: func(i daemon.Info) {
-			fmt.Fprintf(e.stderr, "abox: dns filter for %s on %s (udp+tcp), upstream %v, mode %s; api %s\n",
-				o.name, i.DNSAddr, i.Upstreams, i.Mode, sc.layout.APISocket(o.name))
-		},
-	})
+	cfg.DNS = &daemon.DNSConfig{
+		Listen: o.listen,
+		MinTTL: o.minTTL, MaxTTL: o.maxTTL,
+		CacheSize: cache, RateLimit: rate, RateBurst: o.rateBurst,
+	}
+	cfg.Ready = func(i daemon.Info) {
+		fmt.Fprintf(e.stderr, "abox: dns filter for %s on %s (udp+tcp), upstream %v, mode %s; api %s\n",
+			o.name, i.DNSAddr, i.Upstreams, i.Mode, cfg.APISocket)
+	}
+	return serveDataPlane(ctx, cfg)
 }

@@ -12,28 +12,19 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/abox-dev/abox/internal/daemon"
-	"github.com/abox-dev/abox/internal/validate"
 )
 
 // httpServeOptions holds the flags of `abox http serve`.
 type httpServeOptions struct {
-	cpuProfile    string
-	name          string
-	listen        string
-	allowlist     string
-	upstreams     []string
-	allowPrivate  []string
-	allowHost     []string
-	upstreamCA    string
-	caDir         string
-	noMITM        bool
-	exceptions    []string
-	ports         string
-	passive       bool
-	logFile       string
-	maxConns      int
-	idleTimeout   time.Duration
-	resolveTimout time.Duration
+	serveFlags
+	listen      string
+	upstreamCA  string
+	caDir       string
+	noMITM      bool
+	exceptions  []string
+	ports       string
+	maxConns    int
+	idleTimeout time.Duration
 }
 
 func newHTTPServeCmd(e *env) *cobra.Command {
@@ -81,7 +72,7 @@ One JSON line per request or tunnel goes to stderr (or --log-file) and to
 	f.StringVar(&o.logFile, "log-file", "", "append decision lines to FILE instead of stderr")
 	f.IntVar(&o.maxConns, "max-conns", daemon.DefaultMaxConns, "concurrent guest connections at most")
 	f.DurationVar(&o.idleTimeout, "idle-timeout", daemon.DefaultIdleTimeout, "close a connection on which nothing moved for this long (there is no overall deadline)")
-	f.DurationVar(&o.resolveTimout, "upstream-timeout", daemon.DefaultUpstreamTimeout, "timeout of one try against one upstream resolver")
+	f.DurationVar(&o.timeout, "upstream-timeout", daemon.DefaultUpstreamTimeout, "timeout of one try against one upstream resolver")
 	return cmd
 }
 
@@ -99,9 +90,6 @@ func parsePorts(s string) ([]uint16, error) {
 }
 
 func runHTTPServe(ctx context.Context, e *env, o *httpServeOptions) error {
-	if err := validate.InstanceName(o.name); err != nil {
-		return usageError{fmt.Errorf("--name: %w", err)}
-	}
 	ports, err := parsePorts(o.ports)
 	if err != nil {
 		return usageError{err}
@@ -112,48 +100,33 @@ func runHTTPServe(ctx context.Context, e *env, o *httpServeOptions) error {
 	if o.maxConns < 1 {
 		return usageError{errors.New("--max-conns must be >= 1")}
 	}
-	sc, err := resolveServe(e, o.name, o.allowlist, o.upstreams, o.allowPrivate, o.allowHost)
-	if err != nil {
-		return err
-	}
-	caDir := o.caDir
-	if caDir == "" {
-		caDir = sc.layout.CADir(o.name)
-	}
-	logs, closeLogs, err := serveLogStream(e, o.logFile)
+	cfg, l, closeLogs, err := o.resolve(e)
 	if err != nil {
 		return err
 	}
 	defer closeLogs()
-	return serveDataPlane(ctx, daemon.Config{
-		Instance:        o.name,
-		AllowlistPath:   sc.allowlist,
-		Passive:         o.passive,
-		APISocket:       sc.layout.APISocket(o.name),
-		Upstreams:       o.upstreams,
-		UpstreamTimeout: o.resolveTimout,
-		AllowPrivate:    sc.permit,
-		AllowHost:       sc.permitHost,
-		HTTP: &daemon.HTTPConfig{
-			Listen:         o.listen,
-			Ports:          ports,
-			CADir:          caDir,
-			NoMITM:         o.noMITM,
-			MITMExceptions: o.exceptions,
-			UpstreamCA:     o.upstreamCA,
-			KeyLogPath:     sc.layout.KeyLog(o.name),
-			MaxConns:       o.maxConns,
-			IdleTimeout:    o.idleTimeout,
-		},
-		Logs:       logs,
-		CPUProfile: o.cpuProfile,
-		Ready: func(i daemon.Info) {
-			mitm := "intercepting TLS (CA " + i.CACert + ")"
-			if o.noMITM {
-				mitm = "tunnelling TLS (--no-mitm)"
-			}
-			fmt.Fprintf(e.stderr, "abox: http filter for %s on %s, ports %s, upstream %v, mode %s, %s; api %s\n",
-				o.name, i.HTTPAddr, o.ports, i.Upstreams, i.Mode, mitm, sc.layout.APISocket(o.name))
-		},
-	})
+	caDir := o.caDir
+	if caDir == "" {
+		caDir = l.CADir(o.name)
+	}
+	cfg.HTTP = &daemon.HTTPConfig{
+		Listen:         o.listen,
+		Ports:          ports,
+		CADir:          caDir,
+		NoMITM:         o.noMITM,
+		MITMExceptions: o.exceptions,
+		UpstreamCA:     o.upstreamCA,
+		KeyLogPath:     l.KeyLog(o.name),
+		MaxConns:       o.maxConns,
+		IdleTimeout:    o.idleTimeout,
+	}
+	cfg.Ready = func(i daemon.Info) {
+		mitm := "intercepting TLS (CA " + i.CACert + ")"
+		if o.noMITM {
+			mitm = "tunnelling TLS (--no-mitm)"
+		}
+		fmt.Fprintf(e.stderr, "abox: http filter for %s on %s, ports %s, upstream %v, mode %s, %s; api %s\n",
+			o.name, i.HTTPAddr, o.ports, i.Upstreams, i.Mode, mitm, cfg.APISocket)
+	}
+	return serveDataPlane(ctx, cfg)
 }

@@ -9,10 +9,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/abox-dev/abox/internal/daemon"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/paths"
+	"github.com/abox-dev/abox/internal/validate"
 )
 
 // parsePermit parses the values of one address-range flag (--allow-private,
@@ -36,46 +38,74 @@ func parsePermit(flag string, list []string, warn io.Writer) ([]netip.Prefix, er
 // allowHostUsage is the help of --allow-host, the same for every command.
 const allowHostUsage = "CIDR the guest may reach even though it holds host addresses, loopback or other instances' networks, repeatable (--allow-private never opens those)"
 
-// serveConfig is what the flags shared by both serve commands resolve to.
-type serveConfig struct {
-	layout    paths.Layout
-	allowlist string // absolute, exists
-	permit    []netip.Prefix
-	// permitHost are the --allow-host ranges.
-	permitHost []netip.Prefix
+// serveFlags are the flags both serve commands take.
+type serveFlags struct {
+	cpuProfile   string
+	name         string
+	allowlist    string
+	upstreams    []string
+	allowPrivate []string
+	allowHost    []string
+	passive      bool
+	logFile      string
+	timeout      time.Duration
 }
 
-func resolveServe(e *env, name, allowlist string, upstreams, allowPrivate, allowHost []string) (serveConfig, error) {
-	var c serveConfig
-	var err error
-	if c.permit, err = parsePermit("--allow-private", allowPrivate, e.stderr); err != nil {
-		return c, usageError{err}
+// resolve checks the shared flags and returns the data plane's Config
+// without its filters, the layout, and the closer of the log file.
+func (f *serveFlags) resolve(e *env) (daemon.Config, paths.Layout, func(), error) {
+	var cfg daemon.Config
+	fail := func(err error) (daemon.Config, paths.Layout, func(), error) { return cfg, paths.Layout{}, nil, err }
+	if err := validate.InstanceName(f.name); err != nil {
+		return fail(usageError{fmt.Errorf("--name: %w", err)})
 	}
-	if c.permitHost, err = parsePermit("--allow-host", allowHost, e.stderr); err != nil {
-		return c, usageError{err}
+	permit, err := parsePermit("--allow-private", f.allowPrivate, e.stderr)
+	if err != nil {
+		return fail(usageError{err})
 	}
-	for _, u := range upstreams {
+	permitHost, err := parsePermit("--allow-host", f.allowHost, e.stderr)
+	if err != nil {
+		return fail(usageError{err})
+	}
+	for _, u := range f.upstreams {
 		if _, err := daemon.ParseUpstream(u); err != nil {
-			return c, usageError{fmt.Errorf("--upstream: %w", err)}
+			return fail(usageError{fmt.Errorf("--upstream: %w", err)})
 		}
 	}
-	if c.layout, err = e.layout(); err != nil {
-		return c, err
+	l, err := e.layout()
+	if err != nil {
+		return fail(err)
 	}
+	allowlist := f.allowlist
 	if allowlist == "" {
-		allowlist = c.layout.Allowlist(name)
+		allowlist = l.Allowlist(f.name)
 	}
-	if c.allowlist, err = filepath.Abs(allowlist); err != nil {
-		return c, fmt.Errorf("allowlist: %w", err)
+	if allowlist, err = filepath.Abs(allowlist); err != nil {
+		return fail(fmt.Errorf("allowlist: %w", err))
 	}
-	if _, err := os.Stat(c.allowlist); err != nil {
+	if _, err := os.Stat(allowlist); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return c, withHint(fmt.Errorf("allowlist %s does not exist", c.allowlist),
-				"create it with one name per line (for example `echo example.com > allow.txt`) and pass --allowlist allow.txt")
+			return fail(withHint(fmt.Errorf("allowlist %s does not exist", allowlist),
+				"create it with one name per line (for example `echo example.com > allow.txt`) and pass --allowlist allow.txt"))
 		}
-		return c, fmt.Errorf("allowlist: %w", err)
+		return fail(fmt.Errorf("allowlist: %w", err))
 	}
-	return c, nil
+	logs, closeLogs, err := serveLogStream(e, f.logFile)
+	if err != nil {
+		return fail(err)
+	}
+	return daemon.Config{
+		Instance:        f.name,
+		AllowlistPath:   allowlist,
+		Passive:         f.passive,
+		APISocket:       l.APISocket(f.name),
+		Upstreams:       f.upstreams,
+		UpstreamTimeout: f.timeout,
+		AllowPrivate:    permit,
+		AllowHost:       permitHost,
+		Logs:            logs,
+		CPUProfile:      f.cpuProfile,
+	}, l, closeLogs, nil
 }
 
 // serveLogStream is the logging of a foreground filter: decision lines and
