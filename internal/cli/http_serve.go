@@ -25,6 +25,9 @@ type httpServeOptions struct {
 	ports       string
 	maxConns    int
 	idleTimeout time.Duration
+	rateLimit   float64
+	rateBurst   int
+	maxUpstream int
 }
 
 func newHTTPServeCmd(e *env) *cobra.Command {
@@ -71,6 +74,9 @@ One JSON line per request or tunnel goes to stderr (or --log-file) and to
 	f.BoolVar(&o.passive, "passive", false, "start in passive mode: allow and record every name (never with untrusted workloads; addresses are still checked)")
 	f.StringVar(&o.logFile, "log-file", "", "append decision lines to FILE instead of stderr")
 	f.IntVar(&o.maxConns, "max-conns", daemon.DefaultMaxConns, "concurrent guest connections at most")
+	f.Float64Var(&o.rateLimit, "rate-limit", daemon.DefaultRequestRate, "requests per second per client, plain, CONNECT and intercepted alike (0 disables the limit)")
+	f.IntVar(&o.rateBurst, "rate-burst", daemon.DefaultRequestBurst, "requests a client may send in a burst")
+	f.IntVar(&o.maxUpstream, "max-upstream", daemon.DefaultMaxUpstream, "requests forwarded upstream at once, all clients together")
 	f.DurationVar(&o.idleTimeout, "idle-timeout", daemon.DefaultIdleTimeout, "close a connection on which nothing moved for this long (there is no overall deadline)")
 	f.DurationVar(&o.timeout, "upstream-timeout", daemon.DefaultUpstreamTimeout, "timeout of one try against one upstream resolver")
 	return cmd
@@ -97,8 +103,15 @@ func runHTTPServe(ctx context.Context, e *env, o *httpServeOptions) error {
 	if _, err := netip.ParseAddrPort(o.listen); err != nil {
 		return usageError{fmt.Errorf("--listen %q: want IP:PORT (for example 10.10.10.1:3128)", o.listen)}
 	}
-	if o.maxConns < 1 {
-		return usageError{errors.New("--max-conns must be >= 1")}
+	if o.maxConns < 1 || o.maxUpstream < 1 {
+		return usageError{errors.New("--max-conns and --max-upstream must be >= 1")}
+	}
+	if o.rateLimit < 0 || o.rateBurst < 1 {
+		return usageError{errors.New("--rate-limit must be >= 0 and --rate-burst >= 1")}
+	}
+	rate := o.rateLimit
+	if rate == 0 { // off on the command line; the Config's 0 is the default
+		rate = -1
 	}
 	cfg, l, closeLogs, err := o.resolve(e)
 	if err != nil {
@@ -119,6 +132,9 @@ func runHTTPServe(ctx context.Context, e *env, o *httpServeOptions) error {
 		KeyLogPath:     l.KeyLog(o.name),
 		MaxConns:       o.maxConns,
 		IdleTimeout:    o.idleTimeout,
+		RateLimit:      rate,
+		RateBurst:      o.rateBurst,
+		MaxUpstream:    o.maxUpstream,
 	}
 	cfg.Ready = func(i daemon.Info) {
 		mitm := "intercepting TLS (CA " + i.CACert + ")"

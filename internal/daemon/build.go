@@ -319,6 +319,9 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 			Logger:         log,
 			MaxConns:       or(h.MaxConns, DefaultMaxConns),
 			IdleTimeout:    or(h.IdleTimeout, DefaultIdleTimeout),
+			RequestRate:    h.RateLimit,
+			RequestBurst:   h.RateBurst,
+			MaxUpstream:    h.MaxUpstream,
 		})
 		if err != nil {
 			return Options{}, info, err

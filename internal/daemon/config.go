@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/dnsfilter"
+	"github.com/abox-dev/abox/internal/httpfilter"
 	"github.com/abox-dev/abox/internal/upstream"
 )
 
@@ -19,6 +20,9 @@ const (
 	DefaultRateBurst       = dnsfilter.DefaultRateBurst
 	DefaultUpstreamTimeout = upstream.DefaultTimeout
 	DefaultMaxConns        = 1024
+	DefaultRequestRate     = httpfilter.DefaultRequestRate
+	DefaultRequestBurst    = httpfilter.DefaultRequestBurst
+	DefaultMaxUpstream     = httpfilter.DefaultMaxUpstream
 	DefaultIdleTimeout     = 10 * time.Minute
 )
 
@@ -117,6 +121,12 @@ type HTTPConfig struct {
 	// IdleTimeout closes a connection idle this long (0: DefaultIdleTimeout).
 	MaxConns    int
 	IdleTimeout time.Duration
+	// RateLimit is requests per second per guest address: 0 means
+	// DefaultRequestRate, negative disables it; RateBurst 0 means the
+	// default. MaxUpstream bounds requests forwarded at once (0: default).
+	RateLimit   float64
+	RateBurst   int
+	MaxUpstream int
 }
 
 // LogConfig says where decision lines and diagnostics go.

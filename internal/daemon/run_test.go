@@ -29,13 +29,36 @@ type plane struct {
 	api   *api.Client
 	allow string
 	port  string // the origin's port
+	// unblock releases the origin's /block requests; arrived receives one
+	// value as each reaches the origin.
+	unblock chan struct{}
+	arrived chan struct{}
 }
 
-func startPlane(t *testing.T) *plane { return startPlaneDNS(t, DNSConfig{RateLimit: -1}) }
+func startPlane(t *testing.T) *plane { return startPlaneWith(t, DNSConfig{RateLimit: -1}, HTTPConfig{}) }
 
-func startPlaneDNS(t *testing.T, dc DNSConfig) *plane {
+func startPlaneDNS(t *testing.T, dc DNSConfig) *plane { return startPlaneWith(t, dc, HTTPConfig{}) }
+
+// startPlaneWith runs a data plane with dc and hc (addresses, ports and CA
+// are filled in). The origin's /block waits until the plane's unblock is
+// closed.
+func startPlaneWith(t *testing.T, dc DNSConfig, hc HTTPConfig) *plane {
 	t.Helper()
-	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "origin") }))
+	unblock, arrived := make(chan struct{}), make(chan struct{}, 8)
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/block" {
+			arrived <- struct{}{}
+			<-unblock
+		}
+		io.WriteString(w, "origin")
+	}))
+	t.Cleanup(func() {
+		select {
+		case <-unblock:
+		default:
+			close(unblock)
+		}
+	})
 	t.Cleanup(origin.Close)
 	_, port, _ := net.SplitHostPort(origin.Listener.Addr().String())
 	up := fakedns.StartT(t).Add("allowed.test. 300 IN A 127.0.0.1")
@@ -47,12 +70,13 @@ func startPlaneDNS(t *testing.T, dc DNSConfig) *plane {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	p := &plane{up: up, allow: filepath.Join(dir, "allow.txt"), port: port}
+	p := &plane{up: up, allow: filepath.Join(dir, "allow.txt"), port: port, unblock: unblock, arrived: arrived}
 	if err := os.WriteFile(p.allow, []byte("allowed.test\n*.tunnel.test\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	n, _ := strconv.Atoi(port)
 	dc.Listen = "127.0.0.1:0"
+	hc.Listen, hc.Ports, hc.CADir = "127.0.0.1:0", []uint16{uint16(n)}, filepath.Join(dir, "ca")
 	sock := filepath.Join(dir, "api.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan Info, 1)
@@ -63,7 +87,7 @@ func startPlaneDNS(t *testing.T, dc DNSConfig) *plane {
 			Upstreams: []string{up.Addr},
 			AllowHost: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
 			DNS:       &dc,
-			HTTP:      &HTTPConfig{Listen: "127.0.0.1:0", Ports: []uint16{uint16(n)}, CADir: filepath.Join(dir, "ca")},
+			HTTP:      &hc,
 			Ready:     func(i Info) { ready <- i },
 		})
 	}()
@@ -91,11 +115,13 @@ func (p *plane) query(t *testing.T, name string) int {
 	return r.Rcode
 }
 
-func (p *plane) get(t *testing.T, host string) int {
+func (p *plane) get(t *testing.T, host string) int { return p.getPath(t, host, "/") }
+
+func (p *plane) getPath(t *testing.T, host, path string) int {
 	t.Helper()
 	proxy := &url.URL{Scheme: "http", Host: p.info.HTTPAddr.String()}
-	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy)}, Timeout: 5 * time.Second}
-	resp, err := c.Get("http://" + net.JoinHostPort(host, p.port) + "/")
+	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy)}, Timeout: 10 * time.Second}
+	resp, err := c.Get("http://" + net.JoinHostPort(host, p.port) + path)
 	if err != nil {
 		t.Fatalf("GET through the proxy: %v", err)
 	}
@@ -190,5 +216,43 @@ func TestProxyLookupsShareTheGuestsDNSBudget(t *testing.T) {
 	}
 	if rc := p.query(t, "allowed.test."); rc != dns.RcodeRefused {
 		t.Errorf("a DNS query after the proxy spent the budget: rcode %s, want REFUSED", dns.RcodeToString[rc])
+	}
+}
+
+// Each guest has a request rate at the proxy: past its burst, 429 with the
+// reason; the requests within it are served.
+func TestProxyRequestRatePerGuest(t *testing.T) {
+	p := startPlaneWith(t, DNSConfig{RateLimit: -1}, HTTPConfig{RateLimit: 0.001, RateBurst: 3})
+	for i := range 3 {
+		if code := p.get(t, "allowed.test"); code != http.StatusOK {
+			t.Fatalf("request %d within the burst: %d", i, code)
+		}
+	}
+	if code := p.get(t, "allowed.test"); code != http.StatusTooManyRequests {
+		t.Errorf("request past the burst: %d, want 429", code)
+	}
+}
+
+// Requests forwarded upstream at once are capped for the whole proxy: with
+// every slot taken, a further request is answered 503 instead of adding
+// upstream work, and it is served again once a slot is free.
+func TestProxyCapsConcurrentUpstreamWork(t *testing.T) {
+	p := startPlaneWith(t, DNSConfig{RateLimit: -1}, HTTPConfig{MaxUpstream: 1})
+	held := make(chan int, 1)
+	go func() { held <- p.getPath(t, "allowed.test", "/block") }()
+	select { // the first request holds the slot once it is at the origin
+	case <-p.arrived:
+	case code := <-held:
+		t.Fatalf("the blocking request returned %d", code)
+	}
+	if code := p.get(t, "allowed.test"); code != http.StatusServiceUnavailable {
+		t.Errorf("with the only upstream slot taken: %d, want 503", code)
+	}
+	close(p.unblock)
+	if code := <-held; code != http.StatusOK {
+		t.Errorf("the request holding the slot: %d, want 200", code)
+	}
+	if code := p.get(t, "allowed.test"); code != http.StatusOK {
+		t.Errorf("after the slot was freed: %d, want 200", code)
 	}
 }

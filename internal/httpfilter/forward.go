@@ -52,6 +52,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.finish(rec)
 		return
 	}
+	if !p.admit(r) {
+		if r.Method == http.MethodConnect {
+			rec.kind = "connect"
+		}
+		rec.host = r.Host
+		p.refuseRate(w, rec, r.Method == http.MethodConnect)
+		return
+	}
 	switch {
 	case r.Method == http.MethodConnect:
 		rec.kind = "connect"
@@ -108,6 +116,10 @@ func (p *Proxy) serveInner(w http.ResponseWriter, r *http.Request) {
 	if status, reason := requestRefusal(r); reason != "" {
 		p.refuse(w, rec, status, reason, h1)
 		p.finish(rec)
+		return
+	}
+	if !p.admit(r) {
+		p.refuseRate(w, rec, false)
 		return
 	}
 	if r.Method == http.MethodConnect {
@@ -184,6 +196,13 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record
 			return
 		}
 	}
+	release, ok := p.acquireUpstream(r.Context())
+	if !ok {
+		p.refuse(w, rec, http.StatusServiceUnavailable, ReasonUpstreamBusy, false)
+		p.finish(rec)
+		return
+	}
+	defer release()
 	p.rp.ServeHTTP(cw, r.WithContext(ctx))
 	if use != nil && use.revoked.Load() {
 		rec.verdict, rec.reason = allowlist.Block, ReasonRevoked

@@ -83,6 +83,17 @@ type Config struct {
 	MaxHeaderBytes int
 	// ShutdownTimeout bounds a graceful shutdown; 0 means 5s.
 	ShutdownTimeout time.Duration
+	// RequestRate is the requests per second (plain, CONNECT and
+	// intercepted alike) each guest address may send, RequestBurst its
+	// bucket; 0 means DefaultRequestRate/DefaultRequestBurst, a negative
+	// RequestRate disables the limit. Over it: 429 rate_limited.
+	RequestRate  float64
+	RequestBurst int
+	// MaxUpstream bounds the requests forwarded upstream at once, for the
+	// whole proxy (0: DefaultMaxUpstream); a request that finds no slot
+	// within UpstreamWait (0: DefaultUpstreamWait) gets 503 upstream_busy.
+	MaxUpstream  int
+	UpstreamWait time.Duration
 }
 
 // Proxy is the filtering proxy. Create it with New and run it with Serve.
@@ -102,7 +113,8 @@ type Proxy struct {
 	innerLn   *chanListener
 	keylog    *keyLog
 
-	stats stats
+	stats  stats
+	limits limits
 
 	connsMu sync.Mutex
 	conns   map[*idleConn]struct{} // every open client connection, for shutdown
@@ -173,6 +185,7 @@ func New(cfg Config) (*Proxy, error) {
 		log:        cfg.Logger,
 		keylog:     &keyLog{path: cfg.KeyLogPath},
 		conns:      map[*idleConn]struct{}{},
+		limits:     newLimits(cfg),
 	}
 	p.stats.blocked = map[string]uint64{}
 	if p.dlog == nil {

@@ -126,7 +126,7 @@ func run(o options) error {
 			addr := freePort()
 			p, err := o.spawn(o.serverCPU, "SSL_CERT_FILE="+fx.originCA, abox, "http", "serve", "--listen", addr,
 				"--upstream", fx.dns, "--allowlist", fx.allowlist, "--allow-host", "127.0.0.0/8", "--upstream-ca", fx.originCA,
-				"--ca-dir", filepath.Join(o.dir, "ca"), "--ports", fx.ports, "--log-file", filepath.Join(o.dir, "http.log"))
+				"--ca-dir", filepath.Join(o.dir, "ca"), "--ports", fx.ports, "--rate-limit", "0", "--log-file", filepath.Join(o.dir, "http.log"))
 			if err != nil {
 				return "", nil, err
 			}
