@@ -35,7 +35,9 @@ type plane struct {
 	arrived chan struct{}
 }
 
-func startPlane(t *testing.T) *plane { return startPlaneWith(t, DNSConfig{RateLimit: -1}, HTTPConfig{}) }
+func startPlane(t *testing.T) *plane {
+	return startPlaneWith(t, DNSConfig{RateLimit: -1}, HTTPConfig{})
+}
 
 func startPlaneDNS(t *testing.T, dc DNSConfig) *plane { return startPlaneWith(t, dc, HTTPConfig{}) }
 
