@@ -472,7 +472,9 @@ func dnsWorker(addr string, blocked bool, w int) func() error {
 	return func() error {
 		q := qs[i%len(qs)]
 		i++
-		conn.SetDeadline(time.Now().Add(2 * time.Second))
+		// A lost datagram costs a short wait and counts as an error, so
+		// one loss does not stall a closed-loop worker for seconds.
+		conn.SetDeadline(time.Now().Add(250 * time.Millisecond))
 		if _, err := conn.Write(q); err != nil {
 			return err
 		}
