@@ -44,22 +44,15 @@ previous list stays in force.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.cpuProfile, "cpu-profile", "", "write a pprof CPU profile of the run to FILE")
-	f.MarkHidden("cpu-profile")
 	f.StringVar(&o.name, "name", "standalone", "instance name: selects the API socket (for `abox dns status NAME`) and the default allowlist")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:5353", "IP:PORT to serve on, UDP and TCP")
-	f.StringVar(&o.allowlist, "allowlist", "", "allowlist FILE (default: the instance's allowlist.txt)")
-	f.StringArrayVar(&o.upstreams, "upstream", nil, "upstream resolver IP[:PORT], repeatable, tried in order (default: the host's, from /etc/resolv.conf)")
-	f.StringArrayVar(&o.allowPrivate, "allow-private", nil, "CIDR of private or reserved addresses that answers may contain, repeatable")
-	f.StringArrayVar(&o.allowHost, "allow-host", nil, allowHostUsage)
+	o.register(f, "CIDR of private or reserved addresses that answers may contain, repeatable")
 	f.BoolVar(&o.passive, "passive", false, "start in passive mode: allow and record every name (never with untrusted workloads)")
-	f.StringVar(&o.logFile, "log-file", "", "append decision lines to FILE instead of stderr")
 	f.DurationVar(&o.minTTL, "min-ttl", daemon.DefaultMinTTL, "TTL floor of answers")
 	f.DurationVar(&o.maxTTL, "max-ttl", daemon.DefaultMaxTTL, "TTL ceiling of answers")
 	f.IntVar(&o.cacheSize, "cache-size", daemon.DefaultCacheSize, "cached answers at most (0 disables the cache)")
 	f.Float64Var(&o.rateLimit, "rate-limit", daemon.DefaultRateLimit, "queries per second per client (0 disables the limit)")
 	f.IntVar(&o.rateBurst, "rate-burst", daemon.DefaultRateBurst, "queries a client may send in a burst")
-	f.DurationVar(&o.timeout, "upstream-timeout", daemon.DefaultUpstreamTimeout, "timeout of one try against one upstream")
 	return cmd
 }
 

@@ -58,27 +58,20 @@ One JSON line per request or tunnel goes to stderr (or --log-file) and to
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.cpuProfile, "cpu-profile", "", "write a pprof CPU profile of the run to FILE")
-	f.MarkHidden("cpu-profile")
 	f.StringVar(&o.name, "name", "standalone-http", "instance name: selects the API socket (for `abox http status NAME`), the default allowlist, CA and key log")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:3128", "IP:PORT to serve on")
-	f.StringVar(&o.allowlist, "allowlist", "", "allowlist FILE (default: the instance's allowlist.txt)")
-	f.StringArrayVar(&o.upstreams, "upstream", nil, "upstream resolver IP[:PORT], repeatable, tried in order (default: the host's, from /etc/resolv.conf)")
-	f.StringArrayVar(&o.allowPrivate, "allow-private", nil, "CIDR of private or reserved addresses the proxy may connect to, repeatable")
-	f.StringArrayVar(&o.allowHost, "allow-host", nil, allowHostUsage)
+	o.register(f, "CIDR of private or reserved addresses the proxy may connect to, repeatable")
 	f.StringVar(&o.upstreamCA, "upstream-ca", "", "PEM FILE of extra roots trusted for upstream servers, besides the system roots")
 	f.StringVar(&o.caDir, "ca-dir", "", "directory of the interception CA (default: the instance's ca/)")
 	f.BoolVar(&o.noMITM, "no-mitm", false, "never intercept TLS: tunnel every CONNECT after checking its server name")
 	f.StringArrayVar(&o.exceptions, "mitm-exception", nil, "HOST to tunnel instead of intercepting, repeatable")
 	f.StringVar(&o.ports, "ports", "80,443", "comma-separated destination ports the guest may reach")
 	f.BoolVar(&o.passive, "passive", false, "start in passive mode: allow and record every name (never with untrusted workloads; addresses are still checked)")
-	f.StringVar(&o.logFile, "log-file", "", "append decision lines to FILE instead of stderr")
 	f.IntVar(&o.maxConns, "max-conns", daemon.DefaultMaxConns, "concurrent guest connections at most")
 	f.Float64Var(&o.rateLimit, "rate-limit", daemon.DefaultRequestRate, "requests per second per client, plain, CONNECT and intercepted alike (0 disables the limit)")
 	f.IntVar(&o.rateBurst, "rate-burst", daemon.DefaultRequestBurst, "requests a client may send in a burst")
 	f.IntVar(&o.maxUpstream, "max-upstream", daemon.DefaultMaxUpstream, "requests forwarded upstream at once, all clients together")
 	f.DurationVar(&o.idleTimeout, "idle-timeout", daemon.DefaultIdleTimeout, "close a connection on which nothing moved for this long (there is no overall deadline)")
-	f.DurationVar(&o.timeout, "upstream-timeout", daemon.DefaultUpstreamTimeout, "timeout of one try against one upstream resolver")
 	return cmd
 }
 

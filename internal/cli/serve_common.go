@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/abox-dev/abox/internal/daemon"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/paths"
@@ -49,6 +51,19 @@ type serveFlags struct {
 	passive      bool
 	logFile      string
 	timeout      time.Duration
+}
+
+// register adds the shared flags to fs; name, passive and the filter's
+// own flags are the command's.
+func (f *serveFlags) register(fs *pflag.FlagSet, allowPrivateUsage string) {
+	fs.StringVar(&f.cpuProfile, "cpu-profile", "", "write a pprof CPU profile of the run to FILE")
+	fs.MarkHidden("cpu-profile")
+	fs.StringVar(&f.allowlist, "allowlist", "", "allowlist FILE (default: the instance's allowlist.txt)")
+	fs.StringArrayVar(&f.upstreams, "upstream", nil, "upstream resolver IP[:PORT], repeatable, tried in order (default: the host's, from /etc/resolv.conf)")
+	fs.StringArrayVar(&f.allowPrivate, "allow-private", nil, allowPrivateUsage)
+	fs.StringArrayVar(&f.allowHost, "allow-host", nil, allowHostUsage)
+	fs.StringVar(&f.logFile, "log-file", "", "append decision lines to FILE instead of stderr")
+	fs.DurationVar(&f.timeout, "upstream-timeout", daemon.DefaultUpstreamTimeout, "timeout of the tries against one upstream resolver")
 }
 
 // resolve checks the shared flags and returns the data plane's Config
