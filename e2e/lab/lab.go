@@ -14,10 +14,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/abox-dev/abox/e2e/harness"
+	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/paths"
 )
 
@@ -74,10 +77,44 @@ func Start(ctx context.Context, moduleRoot, name string, logf func(string, ...an
 			return nil, fmt.Errorf("building %s: %w\n%s", tool, err, out)
 		}
 	}
+	if err := l.installHook(ctx); err != nil {
+		return nil, err
+	}
 	if err := l.startOrigin(ctx); err != nil {
 		return nil, err
 	}
 	return l, nil
+}
+
+// HooksDir is the lab libvirtd's hook directory, as abox sees it (the
+// daemon sees it at /etc/libvirt/hooks in its mount namespace).
+func (l *Lab) HooksDir() string { return filepath.Join(l.Env.Dir, "etc", "hooks") }
+
+// installHook puts abox's libvirt hook in place and restarts libvirtd,
+// which looks for hooks only when it starts: like a host where abox was
+// installed before libvirtd last started, so every abox start is checked
+// by the hook and would fail if it did not run.
+func (l *Lab) installHook(ctx context.Context) error {
+	if _, err := instance.InstallHook(l.HooksDir(), filepath.Join(l.Bin, "abox")); err != nil {
+		return err
+	}
+	return l.RestartLibvirtd(ctx)
+}
+
+// RestartLibvirtd stops the lab's libvirtd (running guests keep running)
+// and starts it again.
+func (l *Lab) RestartLibvirtd(ctx context.Context) error {
+	pidFile := filepath.Join(l.Env.Dir, "libvirtd.pid")
+	if b, err := os.ReadFile(pidFile); err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
+			syscall.Kill(pid, syscall.SIGTERM)
+			deadline := time.Now().Add(30 * time.Second)
+			for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}
+	return l.Env.StartLibvirtd(ctx)
 }
 
 func run(ctx context.Context, args ...string) error {
@@ -91,6 +128,10 @@ func run(ctx context.Context, args ...string) error {
 func (l *Lab) startOrigin(ctx context.Context) error {
 	exec.CommandContext(ctx, "ip", "netns", "del", l.OriginNS).Run() // a crashed run's leftover
 	steps := [][]string{
+		// Forwarding on, as on a host with Docker or libvirt's NAT
+		// network: the chains, not the kernel's default, must stop
+		// the guest's forwarded traffic in every test.
+		{"ip", "netns", "exec", l.Env.Name, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
 		{"ip", "netns", "add", l.OriginNS},
 		{"ip", "-n", l.Env.Name, "link", "add", "lab-vo0", "type", "veth", "peer", "name", "lab-vo1", "netns", l.OriginNS},
 		{"ip", "-n", l.Env.Name, "addr", "add", HostSide + "/24", "dev", "lab-vo0"},
@@ -163,7 +204,7 @@ func (l *Lab) Abox(ctx context.Context, args ...string) (string, error) {
 // AboxCmd is the command Abox runs, for callers that stream its output.
 func (l *Lab) AboxCmd(ctx context.Context, args ...string) *exec.Cmd {
 	cmd := l.Env.NetCommand(ctx, filepath.Join(l.Bin, "abox"), args...)
-	cmd.Env = append(os.Environ(), paths.EnvHome+"="+l.Home, "ABOX_LIBVIRT_SOCKET="+l.Env.Socket)
+	cmd.Env = append(os.Environ(), paths.EnvHome+"="+l.Home, "ABOX_LIBVIRT_SOCKET="+l.Env.Socket, instance.EnvHooksDir+"="+l.HooksDir())
 	return cmd
 }
 

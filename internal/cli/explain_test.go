@@ -14,10 +14,21 @@ import (
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/paths"
 	"github.com/abox-dev/abox/internal/policy"
+	"github.com/abox-dev/abox/internal/validate"
 )
 
 func saveState(t *testing.T, root string, s instance.State) {
 	t.Helper()
+	// Load validates the state like user input: fill in what the test
+	// does not care about as create would.
+	s.UUID, s.MAC, s.Accel, s.CPUs, s.MemoryMiB, s.ProxyPort = "4f1c2a7e-9b3d-4c5e-8f6a-0b1c2d3e4f50", "52:54:00:ab:cd:ef", "tcg", 1, 1024, instance.DefaultProxyPort
+	s.Subnet = netip.PrefixFrom(s.Gateway, 24).Masked()
+	s.GuestIP = s.Subnet.Addr().Next().Next()
+	br, err := validate.BridgeName(s.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Bridge = br
 	os.MkdirAll(paths.Layout{Root: root}.InstanceDir(s.Name), 0o755)
 	if err := instance.Save(paths.Layout{Root: root}, s); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -394,6 +395,11 @@ func newDaemonCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// The guard watches the instance's host chains while the
+			// supervisor runs, that is while the guest may run.
+			gctx, stop := context.WithCancel(cmd.Context())
+			defer stop()
+			go runGuard(gctx, e, l, args[0])
 			return instance.Supervise(cmd.Context(), l, exe, args[0], e.stderr)
 		},
 	}

@@ -58,6 +58,7 @@ func (e *env) manager(ctx context.Context) (*instance.Manager, func(), error) {
 		Progress:   e.stderr,
 		Pool:       os.Getenv(EnvPool),
 		Access:     guest.Access{Layout: l, Exe: exe, Progress: e.stderr},
+		Hook:       &instance.HookConfig{Dir: instance.HooksDir(), Exe: exe},
 	}
 	return m, func() { hv.Close() }, nil
 }

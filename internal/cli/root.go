@@ -128,6 +128,7 @@ instance.`,
 		newCheckDepsCmd(e),
 		newTapCmd(e),
 		newDoctorCmd(e),
+		newLibvirtHookCmd(e),
 	)
 	return root
 }

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -92,6 +93,24 @@ type Bridge struct {
 	Gateway netip.Addr
 	// ProxyPort is the TCP port of the HTTP proxy on Gateway.
 	ProxyPort uint16
+	// ConnLimit caps the connections (conntrack entries: TCP, UDP and
+	// ICMP alike) the guest may have open to the host at once; 0 means
+	// DefaultConnLimit. Everything the guest sends elsewhere is dropped
+	// before conntrack confirms it, so this bounds the guest's share of
+	// the host's conntrack table.
+	ConnLimit uint
+}
+
+// DefaultConnLimit is generous for a build (hundreds of parallel proxy
+// connections and DNS queries) and a small part of the host's conntrack
+// table (nf_conntrack_max is 65536 or more).
+const DefaultConnLimit = 4096
+
+func (b Bridge) connLimit() uint {
+	if b.ConnLimit == 0 {
+		return DefaultConnLimit
+	}
+	return b.ConnLimit
 }
 
 func (b Bridge) validate() error {
@@ -162,6 +181,10 @@ func specs(tool string, b Bridge) []chainSpec {
 		gw := b.Gateway.String() + "/32"
 		inReturns = [][]string{
 			established,
+			// New connections beyond the guest's share of the host's
+			// conntrack table are dropped before any is allowed; a drop
+			// here happens before conntrack confirms the entry.
+			{"-m", "conntrack", "--ctstate", "NEW", "-m", "connlimit", "--connlimit-above", strconv.Itoa(int(b.connLimit())), "--connlimit-mask", "0", "--connlimit-saddr", "-j", "DROP"},
 			{"-d", gw, "-p", "udp", "-m", "udp", "--dport", "53", "-j", "RETURN"},
 			{"-d", gw, "-p", "tcp", "-m", "tcp", "--dport", strconv.Itoa(int(b.ProxyPort)), "-m", "conntrack", "--ctstate", "NEW", "-j", "RETURN"},
 			{"-d", gw, "-p", "icmp", "-m", "icmp", "--icmp-type", "8", "-j", "RETURN"},
@@ -207,6 +230,65 @@ type Firewall struct {
 // New returns a Firewall that programs iptables and ip6tables through r.
 func New(r Runner) *Firewall {
 	return &Firewall{run: r, tools: []string{"iptables", "ip6tables"}, bridgeNF: BridgeNetfilterDir}
+}
+
+// arpSwitches make the host answer the guest's ARP only for addresses on
+// the bridge itself, that is the gateway. By default Linux answers ARP on
+// any interface for any of its addresses, so a guest could list every
+// address the host has (and learn which networks it sits on) by ARPing
+// for them. arp_ignore=1 answers only for addresses configured on the
+// interface the request came in on; arp_announce=2 makes the host's own
+// requests into the bridge use the gateway as their source. They are
+// per interface and per network namespace, so they are set with sysctl
+// through the Runner, in the namespace the chains are programmed in.
+var arpSwitches = []struct{ name, value string }{
+	{"arp_ignore", "1"},
+	{"arp_announce", "2"},
+}
+
+// arpKey is the sysctl key of a switch of bridge, in slash form so that
+// no character of an interface name is read as a separator.
+func arpKey(bridge, name string) string { return "net/ipv4/conf/" + bridge + "/" + name }
+
+// arpOff lists the ARP switches of bridge that are not as wanted.
+func (f *Firewall) arpOff(ctx context.Context, bridge string) ([]string, error) {
+	args := []string{"-n"}
+	for _, sw := range arpSwitches {
+		args = append(args, arpKey(bridge, sw.name))
+	}
+	out, err := f.run.Run(ctx, "sysctl", args...)
+	if err != nil {
+		return nil, fmt.Errorf("reading the ARP switches of %s: %w", bridge, err)
+	}
+	vals := strings.Fields(string(out))
+	if len(vals) != len(arpSwitches) {
+		return nil, fmt.Errorf("reading the ARP switches of %s: sysctl printed %q", bridge, out)
+	}
+	var off []string
+	for i, sw := range arpSwitches {
+		if vals[i] != sw.value {
+			off = append(off, fmt.Sprintf("net.ipv4.conf.%s.%s = %s, want %s", bridge, sw.name, vals[i], sw.value))
+		}
+	}
+	return off, nil
+}
+
+// ensureARP sets the bridge's ARP switches. They live on the bridge, so
+// a bridge libvirt recreates (a network restart) needs them again: Ensure
+// is what a running instance's guard calls to repair.
+func (f *Firewall) ensureARP(ctx context.Context, bridge string) error {
+	off, err := f.arpOff(ctx, bridge)
+	if err != nil || len(off) == 0 {
+		return err
+	}
+	args := []string{"-q", "-w"}
+	for _, sw := range arpSwitches {
+		args = append(args, arpKey(bridge, sw.name)+"="+sw.value)
+	}
+	if _, err := f.run.Run(ctx, "sysctl", args...); err != nil {
+		return fmt.Errorf("setting the ARP switches of %s (arp_ignore=1, arp_announce=2): %w", bridge, err)
+	}
+	return nil
 }
 
 // BridgeNetfilterDir holds net.bridge.bridge-nf-call-iptables and
@@ -331,25 +413,90 @@ func (f *Firewall) Ensure(ctx context.Context, b Bridge) error {
 	if err := f.ensureBridgeNetfilter(ctx); err != nil {
 		return fmt.Errorf("ensuring host firewall: %w", err)
 	}
+	if err := f.ensureARP(ctx, b.Name); err != nil {
+		return fmt.Errorf("ensuring host firewall: %w", err)
+	}
 	for _, tool := range f.tools {
 		for _, c := range specs(tool, b) {
 			if err := f.ensureChain(ctx, tool, c); err != nil {
 				return fmt.Errorf("ensuring %s chain %s: %w", tool, c.name, err)
 			}
 			for _, j := range c.jumps {
-				ok, err := f.exists(ctx, tool, append([]string{"-C"}, j.rule...)...)
+				first, present, err := f.jumpFirst(ctx, tool, j)
 				if err != nil {
 					return fmt.Errorf("ensuring %s %s: %w", tool, j.what, err)
 				}
-				if ok {
+				if first {
 					continue
 				}
 				// Inserted at the top: an accepting rule someone else
-				// puts in the built-in chain must not come first.
+				// puts in the built-in chain must not come first. A
+				// jump that was pushed down is inserted again before the
+				// old one goes, so the chain is never skipped meanwhile.
 				if err := f.ipt(ctx, tool, append([]string{"-I"}, j.rule...)...); err != nil {
 					return fmt.Errorf("ensuring %s %s: %w", tool, j.what, err)
 				}
+				for range present {
+					if err := f.deleteLast(ctx, tool, j); err != nil {
+						return fmt.Errorf("ensuring %s %s: %w", tool, j.what, err)
+					}
+				}
 			}
+		}
+	}
+	return nil
+}
+
+// aboxJump matches a rule of a built-in chain that is one of abox's
+// jumps, for any bridge: "-A FORWARD -i abx-x -j ABOX-abx-x".
+var aboxJump = regexp.MustCompile(`^-A (FORWARD|OUTPUT|INPUT) -[io] [^ ]+ -j ` + "(" + ChainPrefix + "|" + OutputChainPrefix + "|" + InputChainPrefix + `)[^ ]+$`)
+
+// jumpSpec is the jump as iptables -S prints it.
+func (j jump) spec() string { return "-A " + strings.Join(j.rule, " ") }
+
+// jumpFirst reports whether j is in the block of abox jumps at the top of
+// its built-in chain (every rule before it is an abox jump too: their
+// order does not matter, each matches only its own bridge), and how many
+// copies of j the chain holds.
+func (f *Firewall) jumpFirst(ctx context.Context, tool string, j jump) (first bool, present int, err error) {
+	rules, _, err := f.chainRules(ctx, tool, j.rule[0])
+	if err != nil {
+		return false, 0, err
+	}
+	want := j.spec()
+	inBlock := true
+	for _, r := range rules {
+		if strings.HasPrefix(r, "-P ") {
+			continue
+		}
+		if r == want {
+			present++
+			if inBlock {
+				first = true
+			}
+		}
+		if !aboxJump.MatchString(r) {
+			inBlock = false
+		}
+	}
+	return first, present, nil
+}
+
+// deleteLast deletes the lowest copy of j from its built-in chain.
+func (f *Firewall) deleteLast(ctx context.Context, tool string, j jump) error {
+	rules, _, err := f.chainRules(ctx, tool, j.rule[0])
+	if err != nil {
+		return err
+	}
+	var rs []string
+	for _, r := range rules {
+		if !strings.HasPrefix(r, "-P ") {
+			rs = append(rs, r)
+		}
+	}
+	for i := len(rs) - 1; i >= 0; i-- {
+		if rs[i] == j.spec() {
+			return f.ipt(ctx, tool, "-D", j.rule[0], strconv.Itoa(i+1))
 		}
 	}
 	return nil
@@ -479,6 +626,13 @@ func (f *Firewall) Check(ctx context.Context, b Bridge) (Status, error) {
 	for _, o := range off {
 		st.Problems = append(st.Problems, o+": the packet filter's IP rules see no guest traffic")
 	}
+	arp, err := f.arpOff(ctx, b.Name)
+	if err != nil {
+		st.Problems = append(st.Problems, err.Error())
+	}
+	for _, o := range arp {
+		st.Problems = append(st.Problems, o+": the host answers the guest's ARP for its other addresses")
+	}
 	for _, tool := range f.tools {
 		for _, c := range specs(tool, b) {
 			rules, ok, err := f.chainRules(ctx, tool, c.name)
@@ -495,12 +649,15 @@ func (f *Firewall) Check(ctx context.Context, b Bridge) (Status, error) {
 				st.Problems = append(st.Problems, fmt.Sprintf("%s: chain %s holds %q, want exactly %q", tool, c.name, rules, want))
 			}
 			for _, j := range c.jumps {
-				ok, err := f.exists(ctx, tool, append([]string{"-C"}, j.rule...)...)
+				first, present, err := f.jumpFirst(ctx, tool, j)
 				if err != nil {
 					return st, fmt.Errorf("checking %s %s: %w", tool, j.what, err)
 				}
-				if !ok {
+				switch {
+				case present == 0:
 					st.Problems = append(st.Problems, fmt.Sprintf("%s: %s missing", tool, j.what))
+				case !first:
+					st.Problems = append(st.Problems, fmt.Sprintf("%s: %s is not first in %s (another rule comes before it)", tool, j.what, j.rule[0]))
 				}
 			}
 		}

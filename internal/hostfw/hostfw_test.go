@@ -43,6 +43,7 @@ func (e exitErr) ExitCode() int { return int(e) }
 // uses, and records every command for the golden files.
 type fakeTables struct {
 	chains map[string]map[string][]string // tool -> chain -> rules ("-A chain ...")
+	sysctl map[string]string              // key (slash form) -> value; unset keys read "0"
 	log    []string
 	fail   string // a command prefix that fails with exit status 4
 	// after, if set, is called after every command that succeeded, with
@@ -51,7 +52,7 @@ type fakeTables struct {
 }
 
 func newFakeTables() *fakeTables {
-	f := &fakeTables{chains: map[string]map[string][]string{}}
+	f := &fakeTables{chains: map[string]map[string][]string{}, sysctl: map[string]string{}}
 	for _, tool := range []string{"iptables", "ip6tables"} {
 		f.chains[tool] = map[string][]string{
 			"FORWARD": {"-A FORWARD -j LIBVIRT_FWX"},
@@ -67,6 +68,9 @@ func (f *fakeTables) Run(_ context.Context, name string, args ...string) ([]byte
 	f.log = append(f.log, cmd)
 	if f.fail != "" && strings.HasPrefix(cmd, f.fail) {
 		return nil, fmt.Errorf("%s: %w", cmd, exitErr(4))
+	}
+	if name == "sysctl" {
+		return f.doSysctl(args)
 	}
 	if len(args) < 4 || args[0] != "-w" || args[2] != "-t" || args[3] != "mangle" {
 		return nil, errors.New("fake: want -w N -t mangle")
@@ -145,6 +149,31 @@ func (f *fakeTables) do(name string, args []string) ([]byte, error) {
 	return nil, nil
 }
 
+// doSysctl plays `sysctl -n KEY...` and `sysctl -q -w KEY=VALUE...`.
+func (f *fakeTables) doSysctl(args []string) ([]byte, error) {
+	var out []string
+	write := slices.Contains(args, "-w")
+	for _, a := range args {
+		if strings.HasPrefix(a, "-") {
+			continue
+		}
+		if write {
+			k, v, _ := strings.Cut(a, "=")
+			f.sysctl[k] = v
+			continue
+		}
+		v, ok := f.sysctl[a]
+		if !ok {
+			v = "0"
+		}
+		out = append(out, v)
+	}
+	if write {
+		return nil, nil
+	}
+	return []byte(strings.Join(out, "\n") + "\n"), nil
+}
+
 func builtin(chain string) bool { return chain == "FORWARD" || chain == "OUTPUT" || chain == "INPUT" }
 
 const br = "abx-ef260e9aa3c"
@@ -170,6 +199,7 @@ var (
 	wantIn = map[string][]string{
 		"iptables": {
 			"-A " + inChain + " -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN",
+			"-A " + inChain + " -m conntrack --ctstate NEW -m connlimit --connlimit-above 4096 --connlimit-mask 0 --connlimit-saddr -j DROP",
 			"-A " + inChain + " -d 10.10.7.1/32 -p udp -m udp --dport 53 -j RETURN",
 			"-A " + inChain + " -d 10.10.7.1/32 -p tcp -m tcp --dport 3128 -m conntrack --ctstate NEW -j RETURN",
 			"-A " + inChain + " -d 10.10.7.1/32 -p icmp -m icmp --icmp-type 8 -j RETURN",
@@ -188,8 +218,8 @@ func TestEnsureCheckRemove(t *testing.T) {
 	if err != nil || st.Intact() {
 		t.Fatalf("Check before Ensure = %+v, %v; want not intact", st, err)
 	}
-	if len(st.Problems) != 6 {
-		t.Errorf("Check before Ensure: %d problems, want one per chain and tool: %q", len(st.Problems), st.Problems)
+	if len(st.Problems) != 8 {
+		t.Errorf("Check before Ensure: %d problems, want one per chain and tool and two ARP switches: %q", len(st.Problems), st.Problems)
 	}
 	tables.log = nil
 
@@ -236,7 +266,7 @@ func TestEnsureCheckRemove(t *testing.T) {
 	}
 	golden(t, "ensure-again.cmds", strings.Join(tables.log, "\n")+"\n")
 	for _, c := range tables.log {
-		if !strings.Contains(c, " -C ") && !strings.Contains(c, " -S ") {
+		if !strings.Contains(c, " -C ") && !strings.Contains(c, " -S ") && !strings.HasPrefix(c, "sysctl -n ") {
 			t.Errorf("idempotent Ensure changed something: %s", c)
 		}
 	}
@@ -414,6 +444,7 @@ func TestEnsureFollowsProxyPortAndGateway(t *testing.T) {
 	tables.after = nil
 	want := []string{
 		wantIn["iptables"][0],
+		wantIn["iptables"][1],
 		"-A " + inChain + " -d 10.10.9.1/32 -p udp -m udp --dport 53 -j RETURN",
 		"-A " + inChain + " -d 10.10.9.1/32 -p tcp -m tcp --dport 8888 -m conntrack --ctstate NEW -j RETURN",
 		"-A " + inChain + " -d 10.10.9.1/32 -p icmp -m icmp --icmp-type 8 -j RETURN",
@@ -675,5 +706,78 @@ func TestEnsureRequiresBridgeNetfilter(t *testing.T) {
 				t.Errorf("Check = %+v, %v; want not intact", st, err)
 			}
 		})
+	}
+}
+
+// TestEnsureSetsARPSwitches: the host answers the guest's ARP only for the
+// gateway (arp_ignore=1 on the bridge), Check reports the switches when
+// they are off (a bridge libvirt recreated has the defaults again) and
+// Ensure repairs them.
+func TestEnsureSetsARPSwitches(t *testing.T) {
+	ctx := context.Background()
+	tables := newFakeTables()
+	fw := testFirewall(t, tables)
+	if err := fw.Ensure(ctx, bb); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"arp_ignore": "1", "arp_announce": "2"} {
+		if got := tables.sysctl["net/ipv4/conf/"+br+"/"+name]; got != want {
+			t.Errorf("%s = %q, want %s", name, got, want)
+		}
+	}
+	tables.sysctl["net/ipv4/conf/"+br+"/arp_ignore"] = "0"
+	st, err := fw.Check(ctx, bb)
+	if err != nil || len(st.Problems) != 1 || !strings.Contains(st.Problems[0], "arp_ignore = 0") {
+		t.Errorf("Check with arp_ignore reset = %q, %v; want it reported", st.Problems, err)
+	}
+	if err := fw.Ensure(ctx, bb); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := fw.Check(ctx, bb); err != nil || !st.Intact() {
+		t.Errorf("Check after repair = %q, %v", st.Problems, err)
+	}
+}
+
+// TestJumpsStayFirst: a rule put above abox's jump in a built-in chain
+// (an ACCEPT, say) would let traffic skip the chain; Check reports it and
+// Ensure puts the jump back on top. Another instance's jumps above ours
+// are not a problem (each matches only its own bridge), so two instances
+// do not fight over the top.
+func TestJumpsStayFirst(t *testing.T) {
+	ctx := context.Background()
+	tables := newFakeTables()
+	fw := testFirewall(t, tables)
+	if err := fw.Ensure(ctx, bb); err != nil {
+		t.Fatal(err)
+	}
+	other := "-A FORWARD -i abx-other -j ABOX-abx-other"
+	tables.chains["iptables"]["FORWARD"] = append([]string{other}, tables.chains["iptables"]["FORWARD"]...)
+	if st, err := fw.Check(ctx, bb); err != nil || !st.Intact() {
+		t.Errorf("Check with another instance's jump on top = %q, %v; want intact", st.Problems, err)
+	}
+	accept := "-A FORWARD -i " + br + " -j ACCEPT"
+	tables.chains["iptables"]["FORWARD"] = append([]string{accept}, tables.chains["iptables"]["FORWARD"]...)
+	st, err := fw.Check(ctx, bb)
+	if err != nil || len(st.Problems) != 2 || !strings.Contains(st.Problems[0], "is not first in FORWARD") {
+		t.Errorf("Check with an ACCEPT on top = %q, %v; want both FORWARD jumps reported", st.Problems, err)
+	}
+	if err := fw.Ensure(ctx, bb); err != nil {
+		t.Fatal(err)
+	}
+	got := tables.chains["iptables"]["FORWARD"]
+	if len(got) < 3 || !strings.HasSuffix(got[0], "-j "+fwdChain) || !strings.HasSuffix(got[1], "-j "+fwdChain) {
+		t.Errorf("FORWARD after Ensure = %q, want abox's two jumps first", got)
+	}
+	n := 0
+	for _, r := range got {
+		if strings.HasSuffix(r, "-j "+fwdChain) {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Errorf("FORWARD holds %d jumps to %s, want 2 (the old ones removed): %q", n, fwdChain, got)
+	}
+	if st, err := fw.Check(ctx, bb); err != nil || !st.Intact() {
+		t.Errorf("Check after repair = %q, %v", st.Problems, err)
 	}
 }

@@ -187,28 +187,39 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 	}()
 
 	m.progress("creating %s: subnet %s, bridge %s, accel %s", st.Name, st.Subnet, st.Bridge, st.Accel)
-	// QEMU runs as an unprivileged user: it must traverse the data root and
-	// the instance directory to its disk, seed and serial log, and nothing
-	// more. Keys, the CA and the API socket stay in 0700 directories.
-	for _, d := range []struct {
-		path string
-		perm os.FileMode
-	}{{m.Layout.Root, 0}, {m.Layout.Instances(), 0}, {f.Dir, 0o711}, {f.LogsDir, 0o711}, {filepath.Dir(f.SSHKey), 0o700}, {f.RunDir, 0o700}} {
-		err = os.MkdirAll(d.path, 0o711)
-		if err == nil && d.perm == 0 {
-			// Directories we may not own: only add the search bits.
-			var fi os.FileInfo
-			if fi, err = os.Stat(d.path); err == nil && fi.Mode().Perm()&0o011 != 0o011 {
-				err = os.Chmod(d.path, fi.Mode().Perm()|0o011)
-			}
-		} else if err == nil {
-			err = os.Chmod(d.path, d.perm)
+	// QEMU runs as an unprivileged user: it must traverse the data root,
+	// the instance directory and logs/ to its disk, seed and serial log,
+	// and nothing more (see perms.go).
+	for _, d := range []string{m.Layout.Root, m.Layout.Instances()} {
+		// Directories we may not own: only add the search bits.
+		if err = os.MkdirAll(d, 0o711); err != nil {
+			return State{}, nil, fmt.Errorf("creating %s: %w", st.Name, err)
+		}
+		var fi os.FileInfo
+		if fi, err = os.Stat(d); err == nil && fi.Mode().Perm()&0o011 != 0o011 {
+			err = os.Chmod(d, fi.Mode().Perm()|0o011)
 		}
 		if err != nil {
 			return State{}, nil, fmt.Errorf("creating %s: %w", st.Name, err)
 		}
 	}
+	if _, err = os.Stat(f.Dir); err == nil {
+		return State{}, nil, fmt.Errorf("creating %s: %s appeared meanwhile", st.Name, f.Dir)
+	}
 	undo.push("remove instance directory", func(context.Context) error { return os.RemoveAll(f.Dir) })
+	for _, d := range []struct {
+		path string
+		qemu bool
+	}{{f.Dir, true}, {f.LogsDir, true}, {filepath.Dir(f.SSHKey), false}, {f.RunDir, false}} {
+		if d.qemu {
+			err = makeQEMUDir(d.path)
+		} else {
+			err = makePrivateDir(d.path)
+		}
+		if err != nil {
+			return State{}, nil, fmt.Errorf("creating %s: %w", st.Name, err)
+		}
+	}
 
 	var in SeedInput
 	in.State = st
@@ -219,7 +230,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 		return State{}, nil, err
 	}
 	known := fmt.Sprintf("%s %s\n", st.GuestIP, in.HostPublicKey)
-	if err = fsutil.WriteFileAtomic(f.KnownHosts, []byte(known), 0o600); err != nil {
+	if err = fsutil.WriteFileAtomic(f.KnownHosts, []byte(known), PrivateFile); err != nil {
 		return State{}, nil, err
 	}
 	authority, err := ca.New(ca.Config{Dir: f.CADir})
@@ -233,12 +244,12 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 	if len(seedEntries) > 0 {
 		allow += strings.Join(seedEntries, "\n") + "\n"
 	}
-	if err = fsutil.WriteFileAtomic(f.Allowlist, []byte(allow), 0o644); err != nil {
+	if err = fsutil.WriteFileAtomic(f.Allowlist, []byte(allow), PrivateFile); err != nil {
 		return State{}, nil, err
 	}
 	if upstreamCA != nil {
 		st.UpstreamCA = filepath.Join(f.Dir, "upstream-ca.pem")
-		if err = fsutil.WriteFileAtomic(st.UpstreamCA, upstreamCA, 0o644); err != nil {
+		if err = fsutil.WriteFileAtomic(st.UpstreamCA, upstreamCA, PrivateFile); err != nil {
 			return State{}, nil, err
 		}
 	}
@@ -246,8 +257,20 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 	if _, err = m.Run.Run(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base.Disk(), f.Disk, strconv.FormatUint(uint64(st.DiskGiB), 10)+"G"); err != nil {
 		return State{}, nil, fmt.Errorf("creating %s: disk overlay: %w", st.Name, err)
 	}
+	// qemu-img creates it by the umask (world-readable): the guest's disk
+	// is the guest's data.
+	if err = os.Chmod(f.Disk, PrivateFile); err != nil {
+		return State{}, nil, fmt.Errorf("creating %s: disk overlay: %w", st.Name, err)
+	}
 	if err = m.Seeds.WriteSeed(ctx, f.Seed, in); err != nil {
 		return State{}, nil, fmt.Errorf("creating %s: cloud-init seed: %w", st.Name, err)
+	}
+	// The public halves too: one rule (0600) for every file is one a
+	// test can check, and nothing but abox reads them.
+	for _, p := range []string{f.Seed, f.SSHKey + ".pub", filepath.Join(f.CADir, ca.CertFile)} {
+		if err = os.Chmod(p, PrivateFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return State{}, nil, fmt.Errorf("creating %s: %w", st.Name, err)
+		}
 	}
 	if warnings, err = m.define(ctx, st, &undo); err != nil {
 		return State{}, nil, err
@@ -269,16 +292,12 @@ func (m *Manager) define(ctx context.Context, st State, undo *undoStack) (warnin
 	if err != nil {
 		return nil, err
 	}
-	var domXML string
-	if st.Template != "" {
-		var warn string
-		domXML, warn, err = libvirt.RenderTemplate(st.Template, p)
-		if err != nil {
-			return nil, err
-		}
-		warnings = append(warnings, warn)
-	} else if domXML, err = libvirt.DomainXML(p); err != nil {
+	domXML, warn, err := m.domainXML(st)
+	if err != nil {
 		return nil, err
+	}
+	if warn != "" {
+		warnings = append(warnings, warn)
 	}
 	net, filter, dom := libvirt.NetworkName(st.Name), libvirt.FilterName(st.Name), libvirt.DomainName(st.Name)
 	if err := m.Hypervisor.DefineNetwork(ctx, netXML); err != nil {
@@ -296,6 +315,16 @@ func (m *Manager) define(ctx context.Context, st State, undo *undoStack) (warnin
 	}
 	undo.push("undefine domain", func(ctx context.Context) error { return m.Hypervisor.UndefineDomain(ctx, dom) })
 	return warnings, nil
+}
+
+// domainXML is st's domain: the user template's, checked, or the hardened one.
+func (m *Manager) domainXML(st State) (xml, warning string, err error) {
+	p := ParamsOf(m.Layout, st)
+	if st.Template != "" {
+		return libvirt.RenderTemplate(st.Template, p)
+	}
+	xml, err = libvirt.DomainXML(p)
+	return xml, "", err
 }
 
 // ParamsOf maps state to the libvirt builders' parameters.

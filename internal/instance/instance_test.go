@@ -159,6 +159,10 @@ func (h *fakeHV) DestroyDomain(ctx context.Context, name string) error {
 	}
 	return nil
 }
+func (h *fakeHV) SetLinkDown(ctx context.Context, domain, network, filter, mac string) error {
+	return h.call("SetLinkDown")
+}
+
 func (h *fakeHV) UndefineDomain(ctx context.Context, name string) error {
 	if err := h.call("UndefineDomain"); err != nil {
 		return err
@@ -277,7 +281,8 @@ func (r fakeRun) Run(ctx context.Context, name string, args ...string) ([]byte, 
 	case "ip":
 		return []byte(r.routes), nil
 	case "qemu-img":
-		return nil, os.WriteFile(args[len(args)-2], []byte("qcow2"), 0o600)
+		// Like the real one: by the umask, world-readable.
+		return nil, os.WriteFile(args[len(args)-2], []byte("qcow2"), 0o644)
 	}
 	return nil, fmt.Errorf("unexpected command %s", name)
 }
@@ -333,6 +338,15 @@ func TestCreateDefinesEverything(t *testing.T) {
 	}
 	if fi, err := os.Stat(f.SSHKey); err == nil && fi.Mode().Perm() != 0o600 {
 		t.Errorf("ssh key mode = %o, want 600", fi.Mode().Perm())
+	}
+	// Every file of the instance is private (the e2e suite checks a
+	// started one too).
+	bad, err := CheckPrivate(r.m.Layout, "dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range bad {
+		t.Error(b)
 	}
 	loaded, err := Load(r.m.Layout, "dev")
 	if err != nil || loaded.UUID != st.UUID {
@@ -451,8 +465,10 @@ func TestStartOrderAndRollback(t *testing.T) {
 	if err := r.m.Start(ctx, "dev"); err != nil {
 		t.Fatal(err)
 	}
-	// The guest boots only after its network, firewall chain and filters.
-	if got := r.hv.callList(); !slices.Equal(got, []string{"DefineNWFilter", "StartNetwork", "StartDomain"}) {
+	// Every start defines the network, filter and domain again from the
+	// state; the guest boots only after its network, firewall chain and
+	// filters.
+	if got := r.hv.callList(); !slices.Equal(got, []string{"DefineNetwork", "DefineNWFilter", "DefineDomain", "StartNetwork", "StartDomain"}) {
 		t.Errorf("calls = %v", got)
 	}
 	if !r.fw.chains[st.Bridge] || r.d.PID("dev") == 0 {
@@ -564,7 +580,7 @@ func TestStartRedefinesTheFilter(t *testing.T) {
 	if err := r.m.Start(ctx, "dev"); err == nil {
 		t.Fatal("start succeeded although the filter could not be defined")
 	}
-	if got := r.hv.callList(); !slices.Equal(got, []string{"DefineNWFilter"}) {
+	if got := r.hv.callList(); !slices.Equal(got, []string{"DefineNetwork", "DefineNWFilter"}) {
 		t.Errorf("calls after a failed filter define = %v, want nothing started", got)
 	}
 	r.hv.failOn = ""

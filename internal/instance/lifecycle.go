@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/validate"
 )
 
 // DaemonControl starts and stops an instance's filter daemon.
@@ -40,7 +42,7 @@ const (
 // daemon, then boots the guest. The order matters: the guest must never run
 // before the layers that contain it. On failure what was started is stopped.
 func (m *Manager) Start(ctx context.Context, name string) (err error) {
-	unlock, err := lockFile(m.Layout.Instance(name).Lock)
+	unlock, err := lockInstance(m.Layout, name)
 	if err != nil {
 		return err
 	}
@@ -60,17 +62,21 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 	if state.Active() && m.Daemon.PID(name) != 0 {
 		return fmt.Errorf("starting %s: already running (state %s)", name, state)
 	}
-	// The packet filter is (re)defined from the state on every start, so
-	// the guest always runs under the current policy: an instance created
-	// by an older abox, or whose filter was edited with virsh, gets the
-	// filter this version builds. libvirt applies a redefinition to a
-	// running guest at once.
-	filterXML, err := libvirt.NWFilterXML(ParamsOf(m.Layout, st))
-	if err != nil {
+	// The network, the packet filter and the domain are (re)defined from
+	// the state on every start, so the guest always runs under what this
+	// abox builds: an instance created by an older abox, or whose objects
+	// were edited with virsh, gets the current definitions. libvirt
+	// applies a filter redefinition to a running guest at once; the
+	// network's and the domain's take effect at their next start.
+	if err := m.redefine(ctx, st); err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)
 	}
-	if err := m.Hypervisor.DefineNWFilter(ctx, filterXML); err != nil {
-		return fmt.Errorf("starting %s: packet filter: %w", name, err)
+	if m.Hook != nil {
+		if wrote, err := InstallHook(m.Hook.Dir, m.Hook.Exe); err != nil {
+			return fmt.Errorf("starting %s: %w", name, err)
+		} else if wrote {
+			m.progress("starting %s: installed the libvirt hook %s (libvirtd reads hooks when it starts: restart it once if it is already running)", name, filepath.Join(m.Hook.Dir, HookFile))
+		}
 	}
 	if state.Active() {
 		// The guest runs but its filters died and stayed down (the guest is
@@ -93,6 +99,7 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 		}
 	}()
 	m.progress("starting %s: network %s", name, st.Bridge)
+	m.progress("starting %s: bridge netfilter (br_netfilter) is on; it sends the frames of every bridge on this host, not only abox's, through iptables (see docs/hostfw.md)", name)
 	if err := m.Hypervisor.StartNetwork(ctx, libvirt.NetworkName(name)); err != nil {
 		return err
 	}
@@ -106,14 +113,55 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 	}
 	undo.push("stop filter daemon", func(ctx context.Context) error { return m.Daemon.Stop(ctx, name) })
 	m.progress("starting %s: booting the guest (accel %s)", name, st.Accel)
+	booted := time.Now()
 	if err := m.Hypervisor.StartDomain(ctx, dom); err != nil {
 		return err
+	}
+	if m.Hook != nil {
+		ran, err := hookRanSince(m.Layout, name, booted)
+		if err == nil && !ran {
+			err = fmt.Errorf("libvirtd did not run abox's hook %s, so nothing stops this guest from being started without its host chains and filters; restart libvirtd once (it reads hooks only when it starts) and start again", filepath.Join(m.Hook.Dir, HookFile))
+		}
+		if err != nil {
+			if derr := m.Hypervisor.DestroyDomain(context.WithoutCancel(ctx), dom); derr != nil {
+				err = fmt.Errorf("%w (and powering the guest off: %v)", err, derr)
+			}
+			return fmt.Errorf("starting %s: %w", name, err)
+		}
 	}
 	// Status shows how long this boot took; WaitReady completes the record.
 	if err := writeBoot(m.Layout, name, Boot{StartedAt: time.Now()}); err != nil {
 		m.progress("starting %s: %v (status will not show the boot time)", name, err)
 	}
 	m.resumeAccess(ctx, name)
+	return nil
+}
+
+// redefine defines st's network, packet filter and domain again (the
+// filter before the domain that references it).
+func (m *Manager) redefine(ctx context.Context, st State) error {
+	p := ParamsOf(m.Layout, st)
+	netXML, err := libvirt.NetworkXML(p)
+	if err != nil {
+		return err
+	}
+	filterXML, err := libvirt.NWFilterXML(p)
+	if err != nil {
+		return err
+	}
+	domXML, _, err := m.domainXML(st)
+	if err != nil {
+		return err
+	}
+	if err := m.Hypervisor.DefineNetwork(ctx, netXML); err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	if err := m.Hypervisor.DefineNWFilter(ctx, filterXML); err != nil {
+		return fmt.Errorf("packet filter: %w", err)
+	}
+	if err := m.Hypervisor.DefineDomain(ctx, domXML); err != nil {
+		return fmt.Errorf("domain: %w", err)
+	}
 	return nil
 }
 
@@ -139,7 +187,7 @@ type StopOptions struct {
 // Stop shuts the guest down, then stops the filter daemon and the network.
 // Every step is attempted and every error reported.
 func (m *Manager) Stop(ctx context.Context, name string, o StopOptions) error {
-	unlock, err := lockFile(m.Layout.Instance(name).Lock)
+	unlock, err := lockInstance(m.Layout, name)
 	if err != nil {
 		return err
 	}
@@ -202,15 +250,30 @@ func (m *Manager) stopLocked(ctx context.Context, name string, o StopOptions) er
 
 // Remove deletes an instance: libvirt objects, firewall chain and files. A
 // running instance is refused unless force, which powers it off first.
+// With force, an instance whose state is damaged or missing (a crashed
+// create, a hand-edited file) is removed too: every object abox would have
+// made for it is named by the instance name alone (the libvirt objects'
+// prefix, the bridge derived from the name), so nothing needs the state.
 func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
-	unlock, err := lockFile(m.Layout.Instance(name).Lock)
-	if err != nil {
+	unlock, err := lockInstance(m.Layout, name)
+	missing := errors.Is(err, ErrNotFound)
+	if err != nil && !(force && missing) {
 		return err
 	}
-	defer unlock()
-	st, err := Load(m.Layout, name)
-	if err != nil {
-		return err
+	if unlock != nil {
+		defer unlock()
+	}
+	bridge, _ := validate.BridgeName(name)
+	if !missing {
+		st, err := Load(m.Layout, name)
+		switch {
+		case err == nil:
+			bridge = st.Bridge
+		case !force:
+			return err
+		default:
+			m.progress("removing %s: %v; removing what abox would have made for it", name, err)
+		}
 	}
 	dom := libvirt.DomainName(name)
 	state, err := m.Hypervisor.State(ctx, dom)
@@ -244,7 +307,7 @@ func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
 	if err := m.Hypervisor.UndefineNetwork(ctx, libvirt.NetworkName(name)); err != nil {
 		errs = append(errs, err)
 	}
-	if err := m.Firewall.Remove(ctx, st.Bridge); err != nil {
+	if err := m.Firewall.Remove(ctx, bridge); err != nil {
 		errs = append(errs, fmt.Errorf("host firewall: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -253,6 +316,9 @@ func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
 	}
 	if err := os.RemoveAll(m.Layout.Instance(name).Dir); err != nil {
 		return fmt.Errorf("removing %s: %w", name, err)
+	}
+	if missing {
+		return fmt.Errorf("removing %s: %w (removed whatever libvirt objects and chains it had left)", name, ErrNotFound)
 	}
 	return nil
 }

@@ -29,6 +29,7 @@ type Hypervisor interface {
 	ShutdownDomain(ctx context.Context, name string) error
 	WaitShutoff(ctx context.Context, name string, interval time.Duration) error
 	DestroyDomain(ctx context.Context, name string) error
+	SetLinkDown(ctx context.Context, domain, network, filter, mac string) error
 	UndefineDomain(ctx context.Context, name string) error
 	State(ctx context.Context, name string) (libvirt.DomainState, error)
 }
@@ -79,6 +80,10 @@ type Manager struct {
 	// Access resumes an instance's port forwards after start and releases
 	// forwards and mounts before stop and remove; optional.
 	Access Access
+	// Hook, when set, is the libvirt hook every start installs and then
+	// requires to have run (see hook.go); nil leaves hooks alone (tests
+	// without a libvirtd).
+	Hook *HookConfig
 }
 
 // Access is what start, stop and remove do to the host-side ends of an
@@ -86,6 +91,12 @@ type Manager struct {
 type Access interface {
 	Resume(ctx context.Context, name string) error
 	Release(ctx context.Context, name string) error
+}
+
+// HookConfig says where the libvirt hook goes and what it runs.
+type HookConfig struct {
+	Dir string // the libvirt hooks directory (HooksDir())
+	Exe string // the abox binary the hook runs
 }
 
 func (m *Manager) progress(format string, args ...any) {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -29,7 +30,7 @@ const (
 	DefaultMemoryMiB = 1024
 	DefaultDiskGiB   = 10
 	DefaultUser      = "abox"
-	DefaultProxyPort = 3128
+	DefaultProxyPort = 28128 // not 3128 (squid) or any port a common host service listens on
 	DefaultPool      = "10.10.0.0/16"
 )
 
@@ -106,7 +107,52 @@ func Load(l paths.Layout, name string) (State, error) {
 	if s.Name != name {
 		return State{}, fmt.Errorf("reading instance %s: %s names %q", name, StateFile, s.Name)
 	}
+	if err := s.validate(l); err != nil {
+		return State{}, fmt.Errorf("reading instance %s: %s is damaged: %w (remove it with `abox remove --force %s`)", name, StateFile, err, name)
+	}
 	return s, nil
+}
+
+// ErrDamaged is wrapped when an instance's state fails validation.
+var ErrDamaged = errors.New("invalid state")
+
+// validate checks state read from disk like user input: everything that
+// reaches libvirt, iptables or the filesystem must be what abox itself
+// would have written (a hand-edited or corrupted file must not become a
+// bridge name in an iptables rule or a host path in a domain).
+func (s State) validate(l paths.Layout) error {
+	var errs []error
+	if err := ParamsOf(l, s).Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if want, err := validate.BridgeName(s.Name); err == nil && s.Bridge != want {
+		errs = append(errs, fmt.Errorf("bridge %q, want %q", s.Bridge, want))
+	}
+	if s.Accel != "kvm" && s.Accel != "tcg" {
+		errs = append(errs, fmt.Errorf("accel %q", s.Accel))
+	}
+	dir := l.Instance(s.Name).Dir
+	if s.UpstreamCA != "" && s.UpstreamCA != filepath.Join(dir, "upstream-ca.pem") {
+		errs = append(errs, fmt.Errorf("upstream CA %q is not the instance's copy", s.UpstreamCA))
+	}
+	for _, k := range []struct{ what, path string }{{"kernel", s.Kernel}, {"initrd", s.Initrd}} {
+		if k.path != "" && !inside(k.path, l.Images()) {
+			errs = append(errs, fmt.Errorf("%s %q is not in the image store %s", k.what, k.path, l.Images()))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", ErrDamaged, err)
+	}
+	return nil
+}
+
+// inside reports whether path is a clean absolute path strictly below dir.
+func inside(path, dir string) bool {
+	if !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return false
+	}
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != "." && !strings.HasPrefix(rel, "..")
 }
 
 // Save writes the state atomically.
@@ -115,7 +161,7 @@ func Save(l paths.Layout, s State) error {
 	if err != nil {
 		return fmt.Errorf("saving instance %s: %w", s.Name, err)
 	}
-	return fsutil.WriteFileAtomic(l.Instance(s.Name).State, append(b, '\n'), 0o644)
+	return fsutil.WriteFileAtomic(l.Instance(s.Name).State, append(b, '\n'), PrivateFile)
 }
 
 // ListStates returns every instance, sorted by name.
@@ -149,10 +195,7 @@ func ListStates(l paths.Layout) ([]State, error) {
 // until the returned function is called (or the process dies, so a crash
 // never leaves a stale lock).
 func lockFile(path string) (func(), error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("locking %s: %w", path, err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, PrivateFile)
 	if err != nil {
 		return nil, fmt.Errorf("locking %s: %w", path, err)
 	}
@@ -168,5 +211,22 @@ func lockFile(path string) (func(), error) {
 
 // globalLock serialises allocation of names, subnets, bridges and MACs.
 func globalLock(l paths.Layout) (func(), error) {
+	if err := os.MkdirAll(l.Root, 0o711); err != nil {
+		return nil, fmt.Errorf("locking %s: %w", l.Root, err)
+	}
 	return lockFile(filepath.Join(l.Root, ".lock"))
+}
+
+// lockInstance takes the instance's lock. An instance without a directory
+// does not exist: the lock is not created for it (that would leave an
+// empty directory behind a typo).
+func lockInstance(l paths.Layout, name string) (func(), error) {
+	if err := validate.InstanceName(name); err != nil {
+		return nil, err
+	}
+	f := l.Instance(name)
+	if _, err := os.Stat(f.Dir); errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("instance %s: %w", name, ErrNotFound)
+	}
+	return lockFile(f.Lock)
 }

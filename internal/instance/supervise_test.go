@@ -111,7 +111,7 @@ func TestSupervisorHoldsSocketsAcrossRestarts(t *testing.T) {
 	}
 	proxyPort := uint16(probe.Addr().(*net.TCPAddr).Port)
 	probe.Close()
-	st := State{Name: "sv", Gateway: gw, ProxyPort: proxyPort, Upstreams: []string{up.Addr}}
+	st := validState(State{Name: "sv", Gateway: gw, ProxyPort: proxyPort, Upstreams: []string{up.Addr}})
 	f := l.Instance(st.Name)
 	if err := os.MkdirAll(f.Dir, 0o700); err != nil {
 		t.Fatal(err)

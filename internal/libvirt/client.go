@@ -46,6 +46,7 @@ type remote interface {
 	DomainDestroy(d golibvirt.Domain) error
 	DomainUndefineFlags(d golibvirt.Domain, flags golibvirt.DomainUndefineFlagsValues) error
 	DomainGetState(d golibvirt.Domain, flags uint32) (int32, int32, error)
+	DomainUpdateDeviceFlags(d golibvirt.Domain, xml string, flags golibvirt.DomainDeviceModifyFlags) error
 }
 
 // Client talks to one libvirtd over its RPC socket. It is safe for
@@ -521,6 +522,37 @@ func (c *Client) UndefineDomain(ctx context.Context, name string) error {
 		golibvirt.DomainUndefineCheckpointsMetadata | golibvirt.DomainUndefineNvram
 	if err := do(ctx, func() error { return c.r.DomainUndefineFlags(d, flags) }); err != nil && !hasCode(err, golibvirt.ErrNoDomain) {
 		return fmt.Errorf("undefining domain %s: %w", name, err)
+	}
+	return nil
+}
+
+// SetLinkDown takes the running guest's NIC with the given MAC off its
+// network (the link state the guest sees goes down and no frame passes),
+// without touching the persistent definition: the last resort when the
+// layers around a running guest cannot be restored.
+func (c *Client) SetLinkDown(ctx context.Context, domain, network, filter, mac string) error {
+	d, st, err := c.domain(ctx, domain)
+	if err != nil {
+		return fmt.Errorf("taking the link of %s down: %w", domain, err)
+	}
+	if !st.Active() {
+		return nil
+	}
+	nic := libvirtxml.DomainInterface{
+		MAC:       &libvirtxml.DomainInterfaceMAC{Address: mac},
+		Source:    &libvirtxml.DomainInterfaceSource{Network: &libvirtxml.DomainInterfaceSourceNetwork{Network: network}},
+		Model:     &libvirtxml.DomainInterfaceModel{Type: "virtio"},
+		FilterRef: &libvirtxml.DomainInterfaceFilterRef{Filter: filter},
+		Link:      &libvirtxml.DomainInterfaceLink{State: "down"},
+	}
+	doc, err := nic.Marshal()
+	if err != nil {
+		return fmt.Errorf("taking the link of %s down: %w", domain, err)
+	}
+	if err := do(ctx, func() error {
+		return c.r.DomainUpdateDeviceFlags(d, doc, golibvirt.DomainDeviceModifyLive)
+	}); err != nil {
+		return fmt.Errorf("taking the link of %s down: %w", domain, err)
 	}
 	return nil
 }

@@ -199,6 +199,15 @@ func (f *fakeRemote) DomainGetState(d golibvirt.Domain, _ uint32) (int32, int32,
 	return int32(st), 0, nil
 }
 
+func (f *fakeRemote) DomainUpdateDeviceFlags(d golibvirt.Domain, xml string, _ golibvirt.DomainDeviceModifyFlags) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.domains[d.Name]; !ok {
+		return lvErr(golibvirt.ErrNoDomain, "Domain not found")
+	}
+	return nil
+}
+
 func between(s, a, b string) string {
 	i := strings.Index(s, a)
 	if i < 0 {

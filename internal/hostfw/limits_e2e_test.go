@@ -1,0 +1,160 @@
+//go:build e2e
+
+package hostfw
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// limitsLab is a host namespace with a bridge (the gateway on it, another
+// host address on lo) and a guest namespace plugged into the bridge.
+type limitsLab struct {
+	t           *testing.T
+	host, guest string
+}
+
+const (
+	limBridge = "abx-fwtest4"
+	limGW     = "10.99.6.1"
+	limOther  = "10.99.7.1"
+	limGuest  = "10.99.6.10"
+)
+
+func newLimitsLab(t *testing.T) *limitsLab {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	for _, tool := range []string{"ip", "iptables", "ip6tables", "python3", "sysctl"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	id := os.Getpid()
+	l := &limitsLab{t: t, host: fmt.Sprintf("abx-fwlh-%d", id), guest: fmt.Sprintf("abx-fwlg-%d", id)}
+	for _, ns := range []string{l.host, l.guest} {
+		l.sh("ip", "netns", "add", ns)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+		l.sh("ip", "-n", ns, "link", "set", "lo", "up")
+	}
+	l.sh("ip", "-n", l.host, "link", "add", limBridge, "type", "bridge")
+	l.sh("ip", "-n", l.host, "addr", "add", limGW+"/24", "dev", limBridge)
+	l.sh("ip", "-n", l.host, "addr", "add", limOther+"/32", "dev", "lo")
+	l.sh("ip", "-n", l.host, "link", "set", limBridge, "up")
+	l.sh("ip", "link", "add", "vl0", "netns", l.guest, "type", "veth", "peer", "name", "vl1", "netns", l.host)
+	l.sh("ip", "-n", l.host, "link", "set", "vl1", "master", limBridge, "up")
+	l.sh("ip", "-n", l.guest, "addr", "add", limGuest+"/24", "dev", "vl0")
+	l.sh("ip", "-n", l.guest, "link", "set", "vl0", "up")
+	return l
+}
+
+func (l *limitsLab) sh(args ...string) string {
+	l.t.Helper()
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		l.t.Fatalf("%v: %v: %s", args, err, out)
+	}
+	return string(out)
+}
+
+func (l *limitsLab) in(ns string, args ...string) string {
+	l.t.Helper()
+	return l.sh(append([]string{"ip", "netns", "exec", ns}, args...)...)
+}
+
+// TestE2EARPOnlyForTheGateway: a guest ARPing for another of the host's
+// addresses (here one on lo, reached by an on-link route) gets an answer
+// from Linux's defaults, and none once Ensure has set the bridge's ARP
+// switches; the gateway still answers.
+func TestE2EARPOnlyForTheGateway(t *testing.T) {
+	l := newLimitsLab(t)
+	// On-link: the guest ARPs for the address itself instead of the gateway.
+	l.in(l.guest, "ip", "route", "add", limOther+"/32", "dev", "vl0")
+	resolves := func(addr string) bool {
+		l.in(l.guest, "ip", "neigh", "flush", "dev", "vl0")
+		// Any datagram to the address makes the guest ARP for it.
+		l.in(l.guest, "python3", "-c", "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.sendto(b'x', ('"+addr+"', 9))\n")
+		for i := 0; i < 20; i++ {
+			out := l.in(l.guest, "ip", "neigh", "show", addr, "dev", "vl0")
+			if strings.Contains(out, "lladdr") {
+				return true
+			}
+			if strings.Contains(out, "FAILED") {
+				return false
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		return false
+	}
+	if !resolves(limOther) {
+		t.Fatalf("control: with Linux's default ARP switches the host did not answer for %s; the test proves nothing", limOther)
+	}
+	fw := New(nsRunner{l.host})
+	if err := fw.Ensure(context.Background(), Bridge{Name: limBridge, Gateway: netip.MustParseAddr(limGW), ProxyPort: 3128}); err != nil {
+		t.Fatal(err)
+	}
+	if resolves(limOther) {
+		t.Errorf("after Ensure the host still answers the guest's ARP for its other address %s", limOther)
+	}
+	if !resolves(limGW) {
+		t.Errorf("after Ensure the gateway %s no longer answers ARP", limGW)
+	}
+}
+
+// TestE2EConntrackLimit: a guest opening thousands of UDP "connections"
+// (one source port each) to the gateway's DNS port fills the host's
+// conntrack table without the chains; with them its entries stay at the
+// bridge's ConnLimit.
+func TestE2EConntrackLimit(t *testing.T) {
+	l := newLimitsLab(t)
+	const limit, sent = 300, 1500
+	// A UDP echo on the gateway, so that entries are replied ones too.
+	echo := exec.Command("ip", "netns", "exec", l.host, "python3", "-c",
+		"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.bind(('"+limGW+"', 53))\n"+
+			"while True:\n    d, a = s.recvfrom(512)\n    s.sendto(d, a)\n")
+	if err := echo.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { echo.Process.Kill(); echo.Wait() })
+	flood := func() {
+		l.in(l.guest, "python3", "-c", "import socket\nfor i in range("+strconv.Itoa(sent)+"):\n"+
+			"    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n    s.sendto(b'q', ('"+limGW+"', 53))\n    s.close()\n")
+		time.Sleep(300 * time.Millisecond)
+	}
+	count := func() int {
+		n, err := strconv.Atoi(strings.TrimSpace(l.in(l.host, "cat", "/proc/sys/net/netfilter/nf_conntrack_count")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	fw := New(nsRunner{l.host})
+	b := Bridge{Name: limBridge, Gateway: netip.MustParseAddr(limGW), ProxyPort: 3128, ConnLimit: limit}
+	if err := fw.Ensure(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	flood()
+	if n := count(); n > limit+20 {
+		t.Errorf("with the chains: %d conntrack entries after %d new flows, want at most about %d", n, sent, limit)
+	} else {
+		t.Logf("with the chains: %d conntrack entries after %d new flows (limit %d)", n, sent, limit)
+	}
+	// Control: conntrack stays active (a rule that uses it) but the
+	// chains are gone; the same flood must now fill the table.
+	l.in(l.host, "iptables", "-t", "filter", "-A", "INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+	if err := fw.Remove(context.Background(), limBridge); err != nil {
+		t.Fatal(err)
+	}
+	flood()
+	if n := count(); n < sent {
+		t.Errorf("control: without the chains only %d entries after %d more flows; the test proves nothing", n, sent)
+	}
+}

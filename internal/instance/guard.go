@@ -1,0 +1,154 @@
+package instance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/abox-dev/abox/internal/hostfw"
+	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/paths"
+)
+
+// Guard watches a running instance's host side: its chains (present,
+// exactly as built, jumped to first), bridge netfilter and ARP switches,
+// which anything on the host can undo (an `iptables -F`, a firewall
+// reload, libvirt recreating the bridge). Whatever is missing is put back;
+// if that fails, the guest's link is taken down, so a guest never runs
+// unguarded. It also keeps the serial log bounded whatever virtlogd is
+// configured to do. It runs inside the instance's supervisor.
+type Guard struct {
+	Layout paths.Layout
+	Name   string
+	// Firewall checks and repairs the chains.
+	Firewall interface {
+		Check(ctx context.Context, b hostfw.Bridge) (hostfw.Status, error)
+		Ensure(ctx context.Context, b hostfw.Bridge) error
+	}
+	// Hypervisor takes the link down; nil when libvirtd could not be
+	// reached (then a failed repair powers nothing off and is only logged,
+	// loudly, every round).
+	Hypervisor interface {
+		State(ctx context.Context, name string) (libvirt.DomainState, error)
+		SetLinkDown(ctx context.Context, domain, network, filter, mac string) error
+	}
+	Log *slog.Logger
+	// Interval between checks; 0 means DefaultGuardInterval.
+	Interval time.Duration
+	// SerialLogMax is the size in bytes past which the serial log is cut
+	// to its last SerialLogKeep bytes (kept in serial.log.1); 0 means
+	// DefaultSerialLogMax.
+	SerialLogMax int64
+}
+
+// Defaults of Guard.
+const (
+	DefaultGuardInterval = 2 * time.Second
+	DefaultSerialLogMax  = 8 << 20
+	SerialLogKeep        = 1 << 20
+)
+
+// Run checks every Interval until ctx ends.
+func (g Guard) Run(ctx context.Context) {
+	iv := g.Interval
+	if iv == 0 {
+		iv = DefaultGuardInterval
+	}
+	t := time.NewTicker(iv)
+	defer t.Stop()
+	for {
+		if err := g.Once(ctx); err != nil && ctx.Err() == nil {
+			g.Log.Error("guard", "instance", g.Name, "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// ErrLinkDown is returned by Once when it took the guest's link down.
+var ErrLinkDown = errors.New("the guest's link is down")
+
+// Once runs one round: chains, then the serial log.
+func (g Guard) Once(ctx context.Context) error {
+	st, err := Load(g.Layout, g.Name)
+	if err != nil {
+		return err
+	}
+	logErr := g.capSerialLog(g.Layout.Instance(g.Name).SerialLog)
+	if g.Hypervisor != nil {
+		s, err := g.Hypervisor.State(ctx, libvirt.DomainName(g.Name))
+		if errors.Is(err, libvirt.ErrNotFound) || err == nil && !s.Active() {
+			return logErr // no guest to guard
+		}
+	}
+	b := firewallBridge(st)
+	status, err := g.Firewall.Check(ctx, b)
+	if err == nil && status.Intact() {
+		return logErr
+	}
+	if err == nil {
+		g.Log.Warn("host firewall damaged; repairing", "instance", g.Name, "problems", status.Problems)
+	}
+	if err = g.Firewall.Ensure(ctx, b); err == nil {
+		if status, err = g.Firewall.Check(ctx, b); err == nil && !status.Intact() {
+			err = fmt.Errorf("still damaged after repair: %v", status.Problems)
+		}
+	}
+	if err == nil {
+		g.Log.Info("host firewall repaired", "instance", g.Name)
+		return logErr
+	}
+	if g.Hypervisor == nil {
+		return fmt.Errorf("host firewall of %s cannot be repaired (%w) and libvirtd is out of reach to take the guest's link down", g.Name, err)
+	}
+	if lerr := g.Hypervisor.SetLinkDown(ctx, libvirt.DomainName(g.Name), libvirt.NetworkName(g.Name), libvirt.FilterName(g.Name), st.MAC); lerr != nil {
+		return fmt.Errorf("host firewall of %s cannot be repaired (%w), and taking the link down failed too: %v", g.Name, err, lerr)
+	}
+	return fmt.Errorf("host firewall of %s cannot be repaired (%v): %w until `abox restart %s`", g.Name, err, ErrLinkDown, g.Name)
+}
+
+// capSerialLog keeps the serial log under SerialLogMax: past it, the last
+// SerialLogKeep bytes go to serial.log.1 and the log is truncated in
+// place (virtlogd or QEMU keep writing to the same open file, in append
+// mode, so the next line lands at the new end).
+func (g Guard) capSerialLog(path string) error {
+	max := g.SerialLogMax
+	if max == 0 {
+		max = DefaultSerialLogMax
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Size() <= max {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("capping the serial log: %w", err)
+	}
+	defer f.Close()
+	keep := min(int64(SerialLogKeep), max)
+	if _, err := f.Seek(fi.Size()-keep, io.SeekStart); err != nil {
+		return fmt.Errorf("capping the serial log: %w", err)
+	}
+	old, err := os.OpenFile(path+".1", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, PrivateFile)
+	if err != nil {
+		return fmt.Errorf("capping the serial log: %w", err)
+	}
+	_, err = io.CopyN(old, f, keep)
+	if cerr := old.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("capping the serial log: %w", err)
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		return fmt.Errorf("capping the serial log: %w", err)
+	}
+	return nil
+}

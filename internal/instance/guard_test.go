@@ -1,0 +1,223 @@
+package instance
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/abox-dev/abox/internal/hostfw"
+	"github.com/abox-dev/abox/internal/libvirt"
+)
+
+func (f *fakeFW) Check(ctx context.Context, b hostfw.Bridge) (hostfw.Status, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := hostfw.Status{Bridge: b.Name}
+	if !f.chains[b.Name] {
+		st.Problems = append(st.Problems, "iptables: chain ABOX-"+b.Name+" missing")
+	}
+	return st, nil
+}
+
+// runningRig is a created instance whose guest the fake libvirt says runs.
+func runningRig(t *testing.T) (*rig, State) {
+	t.Helper()
+	r := newRig(t)
+	ctx := context.Background()
+	st, _, err := r.m.Create(ctx, Spec{Name: "dev", Accel: "tcg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.m.Start(ctx, "dev"); err != nil {
+		t.Fatal(err)
+	}
+	return r, st
+}
+
+func (r *rig) guard(log io.Writer) Guard {
+	return Guard{Layout: r.m.Layout, Name: "dev", Firewall: r.fw, Hypervisor: r.hv, Log: slog.New(slog.NewTextHandler(log, nil))}
+}
+
+// TestGuardRepairsChains: chains removed under a running guest are put
+// back by the next round.
+func TestGuardRepairsChains(t *testing.T) {
+	r, st := runningRig(t)
+	var log bytes.Buffer
+	g := r.guard(&log)
+	if err := g.Once(context.Background()); err != nil {
+		t.Fatalf("intact round: %v", err)
+	}
+	r.fw.Remove(context.Background(), st.Bridge)
+	if err := g.Once(context.Background()); err != nil {
+		t.Fatalf("repair round: %v", err)
+	}
+	if !r.fw.chains[st.Bridge] || !strings.Contains(log.String(), "repaired") {
+		t.Errorf("chains %v after a round, log %q; want them repaired", r.fw.chains[st.Bridge], log.String())
+	}
+	if n := strings.Count(strings.Join(r.hv.callList(), " "), "SetLinkDown"); n != 0 {
+		t.Errorf("link taken down %d times although the repair worked", n)
+	}
+}
+
+// TestGuardTakesTheLinkDown: when the chains cannot be restored the
+// guest's link goes down.
+func TestGuardTakesTheLinkDown(t *testing.T) {
+	r, st := runningRig(t)
+	r.fw.Remove(context.Background(), st.Bridge)
+	r.fw.fail = true
+	r.hv.calls = nil
+	err := r.guard(io.Discard).Once(context.Background())
+	if !errors.Is(err, ErrLinkDown) {
+		t.Fatalf("Once = %v, want ErrLinkDown", err)
+	}
+	if got := r.hv.callList(); !strings.Contains(strings.Join(got, " "), "SetLinkDown") {
+		t.Errorf("calls = %v, want SetLinkDown", got)
+	}
+}
+
+// TestGuardCapsTheSerialLog: a guest flooding its console cannot fill the
+// disk: past the cap the log keeps only its tail.
+func TestGuardCapsTheSerialLog(t *testing.T) {
+	r, _ := runningRig(t)
+	g := r.guard(io.Discard)
+	g.SerialLogMax = 64 << 10
+	f := r.m.Layout.Instance("dev")
+	flood := bytes.Repeat([]byte("A"), 200<<10)
+	flood = append(flood, []byte("the last line\n")...)
+	if err := os.WriteFile(f.SerialLog, flood, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Once(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(f.SerialLog); err != nil || fi.Size() != 0 {
+		t.Errorf("serial log after the cap: %v, %v; want it truncated", fi, err)
+	}
+	old, err := os.ReadFile(f.SerialLog + ".1")
+	if err != nil || int64(len(old)) > g.SerialLogMax || !bytes.HasSuffix(old, []byte("the last line\n")) {
+		t.Errorf("serial.log.1 = %d bytes, %v; want the tail, at most %d bytes", len(old), err, g.SerialLogMax)
+	}
+}
+
+// serveStatus answers the daemon API's status on the instance's socket.
+func serveStatus(t *testing.T, sock string, components map[string]any) {
+	t.Helper()
+	os.MkdirAll(filepath.Dir(sock), 0o700)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(map[string]any{"instance": "dev", "mode": "active", "components": components})
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+}
+
+// TestHookRefusesWithoutTheLayers: the libvirt hook allows an abox
+// domain's start only with its chains intact and its daemon answering,
+// and stamps the start it allowed.
+func TestHookRefusesWithoutTheLayers(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	st, _, err := r.m.Create(ctx, Spec{Name: "dev", Accel: "tcg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dom, _, err := r.m.domainXML(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := HookChecker{Firewall: r.fw, Timeout: 500 * time.Millisecond}
+	run := func() error { return h.RunHook(ctx, strings.NewReader(dom)) }
+	if err := run(); err == nil || !strings.Contains(err.Error(), "chain") || !strings.Contains(err.Error(), "filter daemon") {
+		t.Errorf("hook with nothing up = %v, want both the chains and the daemon named", err)
+	}
+	r.fw.Ensure(ctx, firewallBridge(st))
+	if err := run(); err == nil || !strings.Contains(err.Error(), "filter daemon does not answer") {
+		t.Errorf("hook without the daemon = %v, want refused", err)
+	}
+	serveStatus(t, r.m.Layout.Instance("dev").APISocket, map[string]any{"dns": map[string]any{}, "http": map[string]any{}})
+	r.fw.Remove(ctx, st.Bridge)
+	if err := run(); err == nil || !strings.Contains(err.Error(), "chain") {
+		t.Errorf("hook without the chains = %v, want refused", err)
+	}
+	r.fw.Ensure(ctx, firewallBridge(st))
+	if err := run(); err != nil {
+		t.Fatalf("hook with everything up = %v, want allowed", err)
+	}
+	if ok, err := hookRanSince(r.m.Layout, "dev", st.CreatedAt); err != nil || !ok {
+		t.Errorf("stamp after an allowed start = %v, %v", ok, err)
+	}
+}
+
+func TestHookFindsTheInstanceSafely(t *testing.T) {
+	meta := func(name, dir string) string {
+		return `<domain><name>abox-dev</name><metadata><instance xmlns="` + libvirt.MetadataNamespace + `" name="` + name + `" dir="` + dir + `"/></metadata></domain>`
+	}
+	for _, tt := range []struct{ name, xml, want string }{
+		{"good", meta("dev", "/var/lib/abox/instances/dev"), ""},
+		{"other instance", meta("prod", "/var/lib/abox/instances/prod"), "names instance"},
+		{"dir of another name", meta("dev", "/var/lib/abox/instances/prod"), "want <root>/instances/dev"},
+		{"relative dir", meta("dev", "instances/dev"), "want <root>/instances/dev"},
+		{"dotted dir", meta("dev", "/tmp/../var/lib/abox/instances/dev"), "want <root>/instances/dev"},
+		{"no metadata", `<domain><name>abox-dev</name></domain>`, "no abox metadata"},
+		{"foreign domain", `<domain><name>web</name></domain>`, "not abox's"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			l, name, err := instanceOfDomain([]byte(tt.xml))
+			if tt.want == "" {
+				if err != nil || name != "dev" || l.Root != "/var/lib/abox" {
+					t.Errorf("instanceOfDomain = %+v, %q, %v", l, name, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("instanceOfDomain = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestHookScriptIgnoresOtherDomains: the script itself passes foreign
+// domains and other operations without running abox.
+func TestHookScriptIgnoresOtherDomains(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := InstallHook(dir, "/nonexistent/abox"); err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(dir, HookFile)
+	for _, tt := range []struct {
+		args []string
+		ok   bool
+	}{
+		{[]string{"web", "prepare", "begin", "-"}, true},
+		{[]string{"abox-dev", "release", "end", "-"}, true},
+		{[]string{"abox-dev", "prepare", "begin", "-"}, false}, // abox is gone: fail closed
+	} {
+		err := execScript(script, tt.args...)
+		if (err == nil) != tt.ok {
+			t.Errorf("hook %v = %v, want ok=%v", tt.args, err, tt.ok)
+		}
+	}
+	if wrote, err := InstallHook(dir, "/nonexistent/abox"); err != nil || wrote {
+		t.Errorf("second InstallHook wrote=%v, %v; want nothing to do", wrote, err)
+	}
+}
+
+func execScript(path string, args ...string) error {
+	cmd := exec.Command(path, args...)
+	cmd.Stdin = strings.NewReader("<domain/>")
+	return cmd.Run()
+}
