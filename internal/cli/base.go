@@ -66,13 +66,13 @@ func newBaseCmd(e *env) *cobra.Command {
 				return writeJSON(e.stdout, imgs)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSIZE\tSOURCE\tSHA256")
+			fmt.Fprintln(tw, "NAME\tSIZE\tSOURCE\tSHA256\tVERIFIED")
 			for _, i := range imgs {
 				sum := i.SHA256
 				if len(sum) > 16 {
 					sum = sum[:16]
 				}
-				fmt.Fprintf(tw, "%s\t%d MiB\t%s\t%s\n", i.Name, i.VirtualSize>>20, i.Source, sum)
+				fmt.Fprintf(tw, "%s\t%d MiB\t%s\t%s\t%s\n", i.Name, i.VirtualSize>>20, i.Source, sum, i.Verification())
 			}
 			return tw.Flush()
 		},

@@ -130,7 +130,10 @@ func (s *Store) PullCatalog(ctx context.Context, name string, entry CatalogEntry
 	if err != nil {
 		return Image{}, fmt.Errorf("pulling image %s: checksums %s: %w", name, sumsURL, err)
 	}
-	return s.PullChecksum(ctx, name, imageURL, want, progress)
+	// The checksum file comes from the same server as the image, so it
+	// vouches only for the transfer (over https) from that server: its
+	// signature is not checked yet, and listings say so.
+	return s.pullChecksum(ctx, name, imageURL, want, progress, string(entry.Algorithm)+" from "+sumsURL+" (checksum file not signature-checked)")
 }
 
 // fetchSums reads a checksum file of at most MaxSumsSize bytes.

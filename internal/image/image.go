@@ -117,16 +117,31 @@ type Boot struct {
 
 // Metadata is what image.json records about a base image.
 type Metadata struct {
-	Name         string    `json:"name"`
-	Format       string    `json:"format"`        // on-disk format, always "qcow2"
-	SourceFormat string    `json:"source_format"` // "qcow2" or "raw"
-	VirtualSize  int64     `json:"virtual_size"`  // bytes the guest sees
-	Size         int64     `json:"size"`          // bytes of disk.qcow2 on the host
-	SHA256       string    `json:"sha256"`        // hex digest of disk.qcow2
-	Source       string    `json:"source"`        // file path, URL or build recipe it came from
-	SourceSHA256 string    `json:"source_sha256,omitempty"`
-	Created      time.Time `json:"created"`
-	Boot         *Boot     `json:"boot,omitempty"` // nil: the disk boots by itself
+	Name         string `json:"name"`
+	Format       string `json:"format"`        // on-disk format, always "qcow2"
+	SourceFormat string `json:"source_format"` // "qcow2" or "raw"
+	VirtualSize  int64  `json:"virtual_size"`  // bytes the guest sees
+	Size         int64  `json:"size"`          // bytes of disk.qcow2 on the host
+	SHA256       string `json:"sha256"`        // hex digest of disk.qcow2
+	Source       string `json:"source"`        // file path, URL or build recipe it came from
+	SourceSHA256 string `json:"source_sha256,omitempty"`
+	// Verified says what vouched for the download ("" for an imported
+	// file or a build: see Verification).
+	Verified string    `json:"verified,omitempty"`
+	Created  time.Time `json:"created"`
+	Boot     *Boot     `json:"boot,omitempty"` // nil: the disk boots by itself
+}
+
+// Verification describes in one phrase what vouches for the image, for
+// listings: a signature is never claimed, since abox checks none yet.
+func (m Metadata) Verification() string {
+	switch {
+	case m.Verified != "":
+		return m.Verified
+	case strings.HasPrefix(m.Source, "build:"):
+		return "built here from Debian packages (apt-verified), unsigned image"
+	}
+	return "none: imported from a local file"
 }
 
 // Image is a stored base image.

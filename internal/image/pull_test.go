@@ -128,6 +128,12 @@ func TestCLIBasePull(t *testing.T) {
 		if imgs[0].VirtualSize != 16<<20 || imgs[0].SourceSHA256 != hex.EncodeToString(sum[:]) || imgs[0].Source != mirror+"/bookworm/latest/debian-12-genericcloud-amd64.qcow2" {
 			t.Errorf("debian-12 metadata = %+v, want 16 MiB, the mirror URL and the download's sha256", imgs[0].Metadata)
 		}
+		// base list says what vouched for each entry, and never claims a
+		// signature abox did not check.
+		code, stdout, _ = abox(t, home, "base", "list")
+		if code != 0 || !strings.Contains(stdout, "VERIFIED") || strings.Count(stdout, "(checksum file not signature-checked)") != 2 {
+			t.Errorf("base list = %d:\n%s\nwant both entries marked as verified by an unsigned checksum file", code, stdout)
+		}
 		code, _, stderr = abox(t, home, "base", "pull", "debian-12", "--mirror", mirror)
 		if code != 1 || !strings.Contains(stderr, "exists") {
 			t.Errorf("second pull: exit %d, stderr %q; want 1 and already exists", code, stderr)
@@ -152,6 +158,9 @@ func TestCLIBasePull(t *testing.T) {
 		code, _, stderr := abox(t, home, "base", "pull", "mine", mirror+"/bookworm/latest/debian-12-genericcloud-amd64.qcow2", "--sha512", hex.EncodeToString(sum[:]))
 		if code != 0 || !strings.Contains(stderr, "pulled mine (16 MiB), sha512 verified") {
 			t.Errorf("exit %d, stderr:\n%s", code, stderr)
+		}
+		if _, stdout, _ := abox(t, home, "base", "list"); !strings.Contains(stdout, "sha512 given on the command line; no signature") {
+			t.Errorf("base list:\n%s\nwant the entry marked as verified by the given sha512", stdout)
 		}
 	})
 

@@ -91,6 +91,7 @@ type importConfig struct {
 	boot         *Boot  // source paths of kernel and initrd, copied in
 	source       string // recorded instead of the file path
 	sourceSHA256 string
+	verified     string
 }
 
 // WithDirectBoot imports a kernel and initrd (host paths, copied into the
@@ -98,6 +99,9 @@ type importConfig struct {
 func WithDirectBoot(kernel, initrd, cmdline string) ImportOption {
 	return func(c *importConfig) { c.boot = &Boot{Kernel: kernel, Initrd: initrd, Cmdline: cmdline} }
 }
+
+// withVerified records what vouched for a download.
+func withVerified(v string) ImportOption { return func(c *importConfig) { c.verified = v } }
 
 // WithSource records where the image came from instead of the file path.
 func WithSource(source, sha256 string) ImportOption {
@@ -176,6 +180,7 @@ func (s *Store) Import(ctx context.Context, name, file string, opts ...ImportOpt
 		SHA256:       sum,
 		Source:       abs,
 		SourceSHA256: cfg.sourceSHA256,
+		Verified:     cfg.verified,
 		Created:      s.now().UTC(),
 	}
 	if cfg.source != "" {
