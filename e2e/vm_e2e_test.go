@@ -428,14 +428,21 @@ func TestVM(t *testing.T) {
 		}
 		// Control: without the chains the same requests go through, so the
 		// checks above really tested the chains.
+		// The supervisor's guard would put the chains back within 2 s:
+		// pause it (the filter process serves on) for the control.
+		sup := s.daemonPID(t, dev.Name)
+		syscall.Kill(sup, syscall.SIGSTOP)
 		fw := hostfw.New(nsRunner{s})
 		if err := fw.Remove(s.ctx, dev.Bridge); err != nil {
+			syscall.Kill(sup, syscall.SIGCONT)
 			t.Fatal(err)
 		}
 		out, err := s.guest("dev", direct)
 		svcOut, svcErr := s.guest("dev", hostSvc)
 		dnsOut, _ := s.guest("dev", tcpDNS)
-		if ferr := fw.Ensure(s.ctx, hostfw.Bridge{Name: dev.Bridge, Gateway: dev.Gateway, ProxyPort: dev.ProxyPort}); ferr != nil {
+		ferr := fw.Ensure(s.ctx, hostfw.Bridge{Name: dev.Bridge, Gateway: dev.Gateway, ProxyPort: dev.ProxyPort})
+		syscall.Kill(sup, syscall.SIGCONT)
+		if ferr != nil {
 			t.Fatal(ferr)
 		}
 		if err != nil || !strings.Contains(out, "GET /direct") {

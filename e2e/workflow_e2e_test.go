@@ -8,12 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/abox-dev/abox/e2e/lab"
 	"github.com/abox-dev/abox/internal/image"
+	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/paths"
 )
 
@@ -82,7 +84,7 @@ func writeFile(t *testing.T, path, content string, mode os.FileMode) {
 // provisioning, files in and out, mounts and port forwards.
 func TestWorkflow(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("the VM suite needs root (libvirt, namespaces, iptables)")
+		needVM(t, "the VM suite needs root (libvirt, namespaces, iptables)")
 	}
 	if _, err := exec.LookPath("sshfs"); err != nil {
 		t.Fatal("sshfs is not installed (scripts/host-deps.sh installs it)")
@@ -141,7 +143,7 @@ func TestWorkflow(t *testing.T) {
 		if !ok || ee.ExitCode() != 7 {
 			t.Fatalf("provision exit = %v, want status 7 of two.sh\n%s", err, out)
 		}
-		for _, want := range []string{"one uid=0 proxy=http://" + gw + ":3128 pwd=/", "from the overlay", "err-line", "two-ran", "two.sh exited with status 7"} {
+		for _, want := range []string{"one uid=0 proxy=http://" + gw + ":" + strconv.Itoa(int(instance.DefaultProxyPort)) + " pwd=/", "from the overlay", "err-line", "two-ran", "two.sh exited with status 7"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("provision output lacks %q:\n%s", want, out)
 			}
