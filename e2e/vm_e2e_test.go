@@ -270,6 +270,7 @@ func TestVM(t *testing.T) {
 			t.Errorf("https healthcheck = %q", out)
 		}
 	})
+	s.filterPolicyChecks(t, gw, proxy)
 	t.Run("host and private services through the proxy get 403", func(t *testing.T) {
 		for _, u := range []string{
 			"http://127.0.0.1:8081/", "http://" + gw + ":8081/", "http://" + hostSide + ":8081/",
