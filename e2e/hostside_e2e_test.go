@@ -178,6 +178,25 @@ func TestHostSide(t *testing.T) {
 		s.inNS(10*time.Second, "iptables", "-w", "10", "-t", hostfw.Table, "-D", "FORWARD", "-i", hs.Bridge, "-j", "ACCEPT")
 	})
 
+	t.Run("libvirtd restarts under a running guest", func(t *testing.T) {
+		if err := l.RestartLibvirtd(s.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.waitSSH("hs", 2*time.Minute); err != nil {
+			t.Fatalf("guest unreachable after a libvirtd restart: %v", err)
+		}
+		if err := poll(s.ctx, 30*time.Second, func() bool {
+			st, err := fw.Check(s.ctx, b)
+			return err == nil && st.Intact()
+		}); err != nil {
+			st, _ := fw.Check(s.ctx, b)
+			t.Errorf("host chains after a libvirtd restart: %q", st.Problems)
+		}
+		if out, err := s.guest("hs", "curl -sS -m 6 --noproxy '*' http://"+hs.Gateway.String()+":8081/"); err == nil || strings.Contains(out, "HOST SERVICE") {
+			t.Errorf("after a libvirtd restart the guest reached a host service: %q", out)
+		}
+	})
+
 	t.Run("a guest started outside abox without its layers is refused", func(t *testing.T) {
 		s.mustAbox("stop", "--force", "hs")
 		// What a host reboot, or someone with virsh, leaves: no filters,
@@ -206,6 +225,21 @@ func TestHostSide(t *testing.T) {
 			t.Errorf("domain state after the refused starts: %s", out)
 		}
 		s.env.Virsh(s.ctx, "net-destroy", "abox-hs")
+	})
+
+	t.Run("start refuses while bridge netfilter is off", func(t *testing.T) {
+		sw := "net.bridge.bridge-nf-call-iptables"
+		if out, err := s.inNS(10*time.Second, "sysctl", "-w", sw+"=0"); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		out, err := s.abox("start", "hs")
+		s.inNS(10*time.Second, "sysctl", "-w", sw+"=1")
+		if err == nil || !strings.Contains(out, "bridge netfilter is off") {
+			t.Errorf("start with %s=0 = %v:\n%s", sw, err, out)
+		}
+		if out, _ := s.env.Virsh(s.ctx, "domstate", "abox-hs"); !strings.Contains(out, "shut off") {
+			t.Errorf("the guest was booted although bridge netfilter is off: %s", out)
+		}
 	})
 
 	t.Run("a damaged instance gets a clear error and remove --force cleans it", func(t *testing.T) {

@@ -1,6 +1,7 @@
 package instance
 
 import (
+	"context"
 	"errors"
 	"net/netip"
 	"os"
@@ -65,5 +66,51 @@ func TestLoadValidatesState(t *testing.T) {
 				t.Errorf("Load = %v, want ErrDamaged naming %q and the fix", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestRemoveForceCleansDamaged: a damaged state refuses start and a plain
+// remove with the way out named; remove --force still removes every
+// libvirt object and the chains, found by the instance name alone.
+func TestRemoveForceCleansDamaged(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	st, _, err := r.m.Create(ctx, Spec{Name: "dev", Accel: "tcg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.fw.Ensure(ctx, firewallBridge(st))
+	f := r.m.Layout.Instance("dev")
+	if err := os.WriteFile(f.State, []byte(`{"name": "dev", "bridge": "eth0 -j ACCEPT"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.m.Start(ctx, "dev"); !errors.Is(err, ErrDamaged) {
+		t.Errorf("Start of a damaged instance = %v, want ErrDamaged", err)
+	}
+	if err := r.m.Remove(ctx, "dev", false); !errors.Is(err, ErrDamaged) {
+		t.Errorf("Remove without --force = %v, want ErrDamaged", err)
+	}
+	r.hv.calls = nil
+	if err := r.m.Remove(ctx, "dev", true); err != nil {
+		t.Fatalf("Remove --force = %v", err)
+	}
+	calls := strings.Join(r.hv.callList(), " ")
+	for _, want := range []string{"UndefineDomain", "UndefineNWFilter", "UndefineNetwork"} {
+		if !strings.Contains(calls, want) {
+			t.Errorf("Remove --force calls %q, want %s", calls, want)
+		}
+	}
+	if r.fw.chains[st.Bridge] {
+		t.Errorf("chains of %s still there", st.Bridge)
+	}
+	if _, err := os.Stat(f.Dir); err == nil {
+		t.Errorf("directory still there")
+	}
+	// A name with nothing left: not found, after cleaning any leftovers.
+	if err := r.m.Remove(ctx, "dev", true); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second Remove --force = %v, want ErrNotFound", err)
+	}
+	if _, err := os.Stat(f.Dir); err == nil {
+		t.Errorf("remove of a missing instance created its directory")
 	}
 }
