@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // WriteFileAtomic writes data to path through a temporary file in the same
@@ -47,4 +48,15 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 		d.Close()
 	}
 	return nil
+}
+
+// Within reports whether path is a clean absolute path strictly below
+// dir: no "..", no "." and no doubled slash that could make it mean
+// something else than it says.
+func Within(path, dir string) bool {
+	if dir == "" || !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return false
+	}
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../")
 }

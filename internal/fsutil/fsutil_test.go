@@ -27,3 +27,23 @@ func TestWriteFileAtomic(t *testing.T) {
 		t.Error("write into a missing directory succeeded")
 	}
 }
+
+func TestWithin(t *testing.T) {
+	for _, tt := range []struct {
+		path, dir string
+		ok        bool
+	}{
+		{"/a/b/c", "/a/b", true},
+		{"/a/b", "/a/b", false},
+		{"/a/bc", "/a/b", false},
+		{"/a/b/../c", "/a/b", false},
+		{"/a/b//c", "/a/b", false},
+		{"b/c", "/a", false},
+		{"/a/b/..c", "/a/b", true},
+		{"/a/b/c", "", false},
+	} {
+		if got := Within(tt.path, tt.dir); got != tt.ok {
+			t.Errorf("Within(%q, %q) = %v, want %v", tt.path, tt.dir, got, tt.ok)
+		}
+	}
+}

@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"syscall"
 	"time"
 
@@ -136,7 +135,7 @@ func (s State) validate(l paths.Layout) error {
 		errs = append(errs, fmt.Errorf("upstream CA %q is not the instance's copy", s.UpstreamCA))
 	}
 	for _, k := range []struct{ what, path string }{{"kernel", s.Kernel}, {"initrd", s.Initrd}} {
-		if k.path != "" && !inside(k.path, l.Images()) {
+		if k.path != "" && !fsutil.Within(k.path, l.Images()) {
 			errs = append(errs, fmt.Errorf("%s %q is not in the image store %s", k.what, k.path, l.Images()))
 		}
 	}
@@ -144,15 +143,6 @@ func (s State) validate(l paths.Layout) error {
 		return fmt.Errorf("%w: %w", ErrDamaged, err)
 	}
 	return nil
-}
-
-// inside reports whether path is a clean absolute path strictly below dir.
-func inside(path, dir string) bool {
-	if !filepath.IsAbs(path) || filepath.Clean(path) != path {
-		return false
-	}
-	rel, err := filepath.Rel(dir, path)
-	return err == nil && rel != "." && !strings.HasPrefix(rel, "..")
 }
 
 // Save writes the state atomically.

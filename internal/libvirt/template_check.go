@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"libvirt.org/go/libvirtxml"
+
+	"github.com/abox-dev/abox/internal/fsutil"
 )
 
 // HostEmulator is the QEMU binary every abox guest runs under: Debian's
@@ -72,15 +74,6 @@ func (h hostPaths) runDir() string {
 		return ""
 	}
 	return filepath.Join(h.p.InstanceDir, "run")
-}
-
-// inside reports whether path is a clean absolute path strictly below dir.
-func inside(path, dir string) bool {
-	if dir == "" || !filepath.IsAbs(path) || filepath.Clean(path) != path {
-		return false
-	}
-	rel, err := filepath.Rel(dir, path)
-	return err == nil && rel != "." && !strings.HasPrefix(rel, "..")
 }
 
 func checkTemplateDomain(d *libvirtxml.Domain, p Params) error {
@@ -324,7 +317,7 @@ func checkChardev(what string, src *libvirtxml.DomainChardevSource, h hostPaths,
 		return nil
 	case src.UNIX != nil:
 		u := src.UNIX
-		if u.Mode == "bind" && inside(u.Path, h.runDir()) && u.Reconnect == nil && len(u.SecLabel) == 0 {
+		if u.Mode == "bind" && fsutil.Within(u.Path, h.runDir()) && u.Reconnect == nil && len(u.SecLabel) == 0 {
 			return nil
 		}
 		return fmt.Errorf("%s on UNIX socket %q is not allowed: only sockets QEMU binds (mode='bind') in the instance's run directory %s are", what, u.Path, h.runDir())
@@ -345,7 +338,7 @@ func checkGraphics(g libvirtxml.DomainGraphic, h hostPaths) error {
 		return nil
 	case g.VNC != nil:
 		if g.VNC.Socket != "" {
-			if !inside(g.VNC.Socket, h.runDir()) {
+			if !fsutil.Within(g.VNC.Socket, h.runDir()) {
 				return fmt.Errorf("vnc socket %q is not allowed: put it in the instance's run directory %s", g.VNC.Socket, h.runDir())
 			}
 			return nil
@@ -362,7 +355,7 @@ func checkGraphics(g libvirtxml.DomainGraphic, h hostPaths) error {
 	}
 	for _, l := range listeners {
 		switch {
-		case l.Socket != nil && inside(l.Socket.Socket, h.runDir()):
+		case l.Socket != nil && fsutil.Within(l.Socket.Socket, h.runDir()):
 		case l.Address != nil && isLoopback(l.Address.Address):
 		default:
 			local = false
