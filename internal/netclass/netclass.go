@@ -3,7 +3,9 @@
 package netclass
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -496,10 +498,16 @@ func readHost() *hostSnapshot {
 	return s
 }
 
-// isBridge reports whether the link name is a Linux bridge.
+// isBridge reports whether the link name is a Linux bridge. When sysfs
+// cannot say (not mounted, not readable), the link is taken for one: the
+// cost of a wrong guess is a refused neighbour, not an opened guest.
 func isBridge(name string) bool {
-	_, err := os.Stat("/sys/class/net/" + name + "/bridge")
-	return err == nil
+	link := "/sys/class/net/" + name
+	if _, err := os.Stat(link); err != nil {
+		return true // sysfs does not show this namespace's links
+	}
+	_, err := os.Stat(link + "/bridge")
+	return !errors.Is(err, fs.ErrNotExist)
 }
 
 // ifacePrefix is the network an interface address sits on.
