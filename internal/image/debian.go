@@ -57,8 +57,11 @@ func (r Recipe) Hash() string {
 }
 
 // Debian12Cmdline boots the built image: serial console for the log file,
-// the whole virtio disk is the root file system (no partition table).
-const Debian12Cmdline = "console=ttyS0 root=/dev/vda rw"
+// the whole virtio disk is the root file system (no partition table), and
+// the NIC keeps the kernel's name eth0, which the seed's network config
+// asks for anyway: cloud-init then has no interface to rename, and does not
+// wait for udev to settle after a rename in its first stage.
+const Debian12Cmdline = "console=ttyS0 root=/dev/vda rw net.ifnames=0"
 
 // Debian12Recipe is the cloud-init-ready Debian 12 image abox builds offline.
 func Debian12Recipe() Recipe {
@@ -111,7 +114,8 @@ manage_etc_hosts: true
 # into the prepared trust store: no ca-certs module, which rebuilt the
 # store and alone took ~29 s), creates the user and installs the keys; the
 # root file system grows to the instance's disk size. Nothing is left for
-# the config and final stages; they still run, so cloud-init reports done.
+# the config stage, whose service is masked (a Python start costs ~5 s
+# under TCG); the final stage still runs, so cloud-init reports done.
 cloud_init_modules:
   - write-files
   - resizefs
@@ -131,11 +135,24 @@ cloud_final_modules: []
 			// interface, so this holds for seeds that name it eth0 (set-name).
 			// Guest root can still re-enable IPv6 on purpose.
 			"/etc/systemd/network/10-cloud-init-eth0.network.d/90-abox-no-ipv6.conf": "[Network]\nLinkLocalAddressing=no\nIPv6AcceptRA=no\n",
+			// The initrd only has to find a virtio disk with ext4 on it. The
+			// stock MODULES=most packs every storage and file-system driver
+			// (36 MB, unpacked and probed by udev under emulation on every
+			// boot); the list below is what a virtio guest needs. ext4 asks
+			// the crypto API for crc32c at mount time, which no module
+			// dependency names, so it is listed too.
+			"/etc/initramfs-tools/conf.d/90-abox.conf": "MODULES=list\n",
+			"/etc/initramfs-tools/modules":             "virtio_pci\nvirtio_blk\next4\ncrc32c_generic\n",
+			// cloud-final was ordered after the init stage only through
+			// cloud-config, which is masked above.
+			"/etc/systemd/system/cloud-final.service.d/90-abox.conf": "[Unit]\nAfter=cloud-init.service\n",
 			// Keep later installs in the guest small as well.
 			"/etc/dpkg/dpkg.cfg.d/01-abox-nodoc": "path-exclude /usr/share/doc/*\npath-include /usr/share/doc/*/copyright\npath-exclude /usr/share/man/*\npath-exclude /usr/share/info/*\npath-exclude /usr/share/locale/*\npath-include /usr/share/locale/locale.alias\n",
 		},
 		Symlinks: map[string]string{
 			"/etc/resolv.conf": "../run/systemd/resolve/stub-resolv.conf",
+			// The config stage has no modules (90_abox.cfg): masked.
+			"/etc/systemd/system/cloud-config.service": "/dev/null",
 		},
 		Enable: []string{"systemd-networkd.service", "systemd-resolved.service", "ssh.service"},
 		// Background jobs that only cost CPU in a TCG guest without a mirror.
@@ -170,6 +187,8 @@ cloud_final_modules: []
 		Chroot: [][]string{
 			// Rebuild modules.dep after the pruning above.
 			{"sh", "-c", `for d in /usr/lib/modules/*; do depmod -a "${d##*/}"; done`},
+			// And the initrd with the module list above.
+			{"update-initramfs", "-u", "-k", "all"},
 		},
 	}
 }
