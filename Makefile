@@ -37,6 +37,7 @@ test: deps vet unit fuzz e2e
 
 bench: build
 	@sh scripts/bench.sh
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory bench-boot; else echo "make bench: not root, skipping the boot benchmark (make bench-boot)" >&2; fi
 
 # bench-boot: first boot of a new instance in the offline lab (root, TCG):
 # start→SSH, start→ready and the guest's own phases. ROUNDS=N for more.
