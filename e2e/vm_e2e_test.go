@@ -128,6 +128,11 @@ func TestVM(t *testing.T) {
 
 	// The build above filled the cache: this installs it without rebuilding.
 	s.mustAbox("base", "build", "debian-12")
+	// The built base boots its kernel uncompressed through PVH (no
+	// decompressor under TCG): the stored kernel is the ELF vmlinux.
+	if b, err := os.ReadFile(filepath.Join(s.home, "images", "debian-12", image.KernelFile)); err != nil || !bytes.HasPrefix(b, []byte("\x7fELF")) {
+		t.Errorf("base kernel: %v, starts %q; want the uncompressed ELF vmlinux", err, b[:min(len(b), 8)])
+	}
 
 	allow := filepath.Join(s.tmp, "allow.txt")
 	os.WriteFile(allow, []byte("allowed.test\n*.allowed.test\nprivate.test\nloop.test\n"), 0o644)

@@ -66,7 +66,7 @@ const Debian12Cmdline = "console=ttyS0 root=/dev/vda rw net.ifnames=0"
 // Debian12Recipe is the cloud-init-ready Debian 12 image abox builds offline.
 func Debian12Recipe() Recipe {
 	return Recipe{
-		Version: 5,
+		Version: 6, // 6: the kernel is stored uncompressed (PVH entry)
 		Suite:   "bookworm",
 		Variant: "minbase",
 		Packages: []string{
@@ -318,7 +318,18 @@ func (b Builder) Build(ctx context.Context, r Recipe, mirror, cacheDir string, p
 	if err != nil {
 		return Built{}, fmt.Errorf("building image: %w", err)
 	}
-	if err := copyFile(kernel, filepath.Join(tmp, KernelFile), 0o644); err != nil {
+	// The uncompressed kernel when it can be entered through PVH (see
+	// pvh.go); otherwise the bzImage as the distribution ships it.
+	if vmlinux, err := pvhKernel(ctx, b.Run, kernel); err == nil {
+		if err := os.WriteFile(filepath.Join(tmp, KernelFile), vmlinux, 0o644); err != nil {
+			return Built{}, fmt.Errorf("building image: %w", err)
+		}
+	} else if errors.Is(err, errNoPVH) {
+		progress.report("kernel: "+err.Error()+"; booting the compressed kernel", 0, 0)
+		if err := copyFile(kernel, filepath.Join(tmp, KernelFile), 0o644); err != nil {
+			return Built{}, fmt.Errorf("building image: %w", err)
+		}
+	} else {
 		return Built{}, fmt.Errorf("building image: %w", err)
 	}
 	if err := copyFile(initrd, filepath.Join(tmp, InitrdFile), 0o644); err != nil {

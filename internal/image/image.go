@@ -23,7 +23,7 @@ import (
 // Files inside one image directory <root>/images/<name>/.
 const (
 	DiskFile   = "disk.qcow2"
-	KernelFile = "vmlinuz"
+	KernelFile = "kernel" // a bzImage, or an ELF vmlinux QEMU enters through PVH
 	InitrdFile = "initrd.img"
 	MetaFile   = "image.json"
 )
