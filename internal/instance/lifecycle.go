@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"time"
 
 	"github.com/abox-dev/abox/internal/libvirt"
@@ -362,13 +363,17 @@ func (m *Manager) describe(ctx context.Context, st State) Info {
 
 // List describes every instance.
 func (m *Manager) List(ctx context.Context) ([]Info, error) {
-	sts, err := ListStates(m.Layout)
+	sts, damaged, err := listStates(m.Layout)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Info, 0, len(sts))
+	out := make([]Info, 0, len(sts)+len(damaged))
 	for _, st := range sts {
 		out = append(out, m.describe(ctx, st))
 	}
+	for name := range damaged {
+		out = append(out, Info{State: State{Name: name}, Status: "damaged"})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }

@@ -101,10 +101,10 @@ func Load(l paths.Layout, name string) (State, error) {
 	}
 	var s State
 	if err := json.Unmarshal(b, &s); err != nil {
-		return State{}, fmt.Errorf("reading instance %s: %s is damaged: %w", name, StateFile, err)
+		return State{}, fmt.Errorf("reading instance %s: %s is damaged (%w: %w); remove it with `abox remove --force %s`", name, StateFile, ErrDamaged, err, name)
 	}
 	if s.Name != name {
-		return State{}, fmt.Errorf("reading instance %s: %s names %q", name, StateFile, s.Name)
+		return State{}, fmt.Errorf("reading instance %s: %s is damaged (%w: it names %q); remove it with `abox remove --force %s`", name, StateFile, ErrDamaged, s.Name, name)
 	}
 	if err := s.validate(l); err != nil {
 		return State{}, fmt.Errorf("reading instance %s: %s is damaged: %w (remove it with `abox remove --force %s`)", name, StateFile, err, name)
@@ -156,29 +156,42 @@ func Save(l paths.Layout, s State) error {
 
 // ListStates returns every instance, sorted by name.
 func ListStates(l paths.Layout) ([]State, error) {
+	out, _, err := listStates(l)
+	return out, err
+}
+
+// listStates returns the valid instances sorted by name, and the names of
+// damaged ones with the reason: one bad file must not make every other
+// instance unlistable or block creating new ones (a damaged instance's
+// network stays defined in libvirt, so its subnet is still seen as taken).
+func listStates(l paths.Layout) ([]State, map[string]error, error) {
 	entries, err := os.ReadDir(l.Instances())
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("listing instances: %w", err)
+		return nil, nil, fmt.Errorf("listing instances: %w", err)
 	}
 	var out []State
+	damaged := map[string]error{}
 	for _, e := range entries {
 		if !e.IsDir() || validate.InstanceName(e.Name()) != nil {
 			continue
 		}
 		s, err := Load(l, e.Name())
-		if errors.Is(err, ErrNotFound) {
+		switch {
+		case errors.Is(err, ErrNotFound):
 			continue // a creation in progress, or a standalone filter's directory
-		}
-		if err != nil {
-			return nil, err
+		case errors.Is(err, ErrDamaged):
+			damaged[e.Name()] = err
+			continue
+		case err != nil:
+			return nil, nil, err
 		}
 		out = append(out, s)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
+	return out, damaged, nil
 }
 
 // lockFile takes an exclusive flock on path, creating it. The lock is held

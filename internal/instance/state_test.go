@@ -114,3 +114,23 @@ func TestRemoveForceCleansDamaged(t *testing.T) {
 		t.Errorf("remove of a missing instance created its directory")
 	}
 }
+
+// TestDamagedInstanceDoesNotBlockOthers: list shows a damaged instance as
+// such, and create still works.
+func TestDamagedInstanceDoesNotBlockOthers(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	if _, _, err := r.m.Create(ctx, Spec{Name: "bad", Accel: "tcg"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(r.m.Layout.Instance("bad").State, []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := r.m.Create(ctx, Spec{Name: "good", Accel: "tcg"}); err != nil {
+		t.Fatalf("create next to a damaged instance = %v", err)
+	}
+	infos, err := r.m.List(ctx)
+	if err != nil || len(infos) != 2 || infos[0].Name != "bad" || infos[0].Status != "damaged" || infos[1].Name != "good" {
+		t.Errorf("List = %+v, %v; want bad (damaged) and good", infos, err)
+	}
+}
