@@ -119,6 +119,36 @@ func renderStatus(w io.Writer, st api.Status, component string, stats any) {
 	tw.Flush()
 }
 
+// filterTrouble asks a running instance's filters what status should warn
+// about: an allowlist change in force but not saved, a decision log that
+// cannot be written. Nothing when the filters do not answer (status shows
+// them down already).
+func (e *env) filterTrouble(ctx context.Context, name string) []string {
+	c, err := e.apiClient(name)
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st, err := c.Status(ctx)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	if st.Allowlist.Unsaved != "" {
+		out = append(out, "allowlist change in force but not saved: "+st.Allowlist.Unsaved)
+	}
+	for _, comp := range []string{"dns", "http"} {
+		var m map[string]any
+		if b, err := json.Marshal(st.Components[comp]); err == nil && json.Unmarshal(b, &m) == nil {
+			if msg := logTrouble(m); msg != "" {
+				out = append(out, comp+" decision log cannot be written: "+msg)
+			}
+		}
+	}
+	return out
+}
+
 // logTrouble is the decision log's last write error in a filter's
 // counters: log_error (DNS) or log.last_error (HTTP).
 func logTrouble(m map[string]any) string {

@@ -300,6 +300,9 @@ func newStatusCmd(e *env) *cobra.Command {
 			fmt.Fprintf(tw, "guest:\t%s (user %s)\ngateway:\t%s (dns :53, proxy :%d)\nbridge:\t%s\nmac:\t%s\n", i.GuestIP, i.User, i.Gateway, i.ProxyPort, i.Bridge, i.MAC)
 			fmt.Fprintf(tw, "base:\t%s\nresources:\t%d cpus, %d MiB, %d GiB disk, accel %s\ncreated:\t%s\n", i.Base, i.CPUs, i.MemoryMiB, i.DiskGiB, i.Accel, i.CreatedAt.Format(time.RFC3339))
 			fmt.Fprintf(tw, "last boot:\t%s\n", describeBoot(i.LastBoot))
+			for _, w := range e.filterTrouble(cmd.Context(), i.Name) {
+				fmt.Fprintf(tw, "warning:\t%s\n", w)
+			}
 			return tw.Flush()
 		},
 	}
