@@ -34,3 +34,13 @@ func SpecialUse(n string) bool {
 	}
 	return false
 }
+
+// NumericName reports whether n, a name returned by NormalizeName, ends in a
+// label that starts with a digit. No top-level domain does, so such a name is
+// an IP address in some notation (127.1, 0x7f.1, 2130706433, 10.0.0.1):
+// URL parsers and resolvers read it as an address and disagree on which, so
+// the filters never treat it as a name, in any mode.
+func NumericName(n string) bool {
+	last := n[strings.LastIndexByte(n, '.')+1:]
+	return last != "" && last[0] >= '0' && last[0] <= '9'
+}

@@ -120,3 +120,24 @@ func TestPolicyChangeDuringLookup(t *testing.T) {
 		})
 	}
 }
+
+// TestNumericNamesNeverForwarded: a query for a name that is an IP address
+// in some notation is NXDOMAIN invalid_name in every mode, never forwarded.
+func TestNumericNamesNeverForwarded(t *testing.T) {
+	for _, passive := range []bool{false, true} {
+		h := start(t, harnessOptions{passive: passive})
+		for _, n := range []string{"127.0.0.1", "127.1", "0x7f.1", "2130706433", "169.254.169.254"} {
+			before := h.up.Count()
+			r := h.ask(t, n, dns.TypeA)
+			if rcode(r) != "NXDOMAIN" || len(r.Answer) != 0 {
+				t.Errorf("passive=%v %s: rcode %s answer %v, want NXDOMAIN", passive, n, rcode(r), r.Answer)
+			}
+			if _, text, _ := ede(r); text != "reason="+allowlist.ReasonInvalidName {
+				t.Errorf("passive=%v %s: EDE %q, want reason=%s", passive, n, text, allowlist.ReasonInvalidName)
+			}
+			if h.up.Count() != before {
+				t.Errorf("passive=%v %s: forwarded upstream", passive, n)
+			}
+		}
+	}
+}

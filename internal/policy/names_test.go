@@ -63,3 +63,29 @@ func TestSpecialUseBlockedInEveryMode(t *testing.T) {
 		}
 	}
 }
+
+// TestNumericNamesAreNotNames: a name whose last label starts with a digit
+// is an IP address in some notation; it is invalid in every mode, not
+// recorded, and never matched against the allowlist.
+func TestNumericNamesAreNotNames(t *testing.T) {
+	e := newEngine(t, "example.com\n*.example.com\n")
+	for _, m := range []Mode{Active, Passive} {
+		e.SetMode(m)
+		for _, n := range []string{"127.0.0.1", "127.1", "0x7f.1", "2130706433", "a.example.com.123", "10.0.0.1."} {
+			if d := e.Decide(n); d.Verdict != allowlist.Block || d.Reason != allowlist.ReasonInvalidName {
+				t.Errorf("%s: Decide(%s) = %+v, want block %s", m, n, d, allowlist.ReasonInvalidName)
+			}
+		}
+		if d := e.Decide("www.example.com"); d.Verdict != allowlist.Allow {
+			t.Errorf("%s: a name with digits elsewhere = %+v", m, d)
+		}
+		if d := e.Decide("1password.example.com"); d.Verdict != allowlist.Allow {
+			t.Errorf("%s: a name starting with a digit = %+v", m, d)
+		}
+	}
+	for _, en := range e.Profile().Entries {
+		if allowlist.NumericName(en.Name) {
+			t.Errorf("passive profile recorded numeric name %q", en.Name)
+		}
+	}
+}

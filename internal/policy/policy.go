@@ -185,7 +185,7 @@ func (e *Engine) Decide(name string) allowlist.Decision {
 // DecideNormalized is Decide for a name returned by allowlist.NormalizeName.
 func (e *Engine) DecideNormalized(n string) allowlist.Decision {
 	l := e.list.Load()
-	if e.passive.Load() && n != HealthcheckName && !allowlist.SpecialUse(n) {
+	if e.passive.Load() && n != HealthcheckName && !allowlist.SpecialUse(n) && !allowlist.NumericName(n) {
 		e.profile.Record(n, l.MatchNormalized(n).Verdict == allowlist.Allow, e.now())
 		return Evaluate(l, Passive, n)
 	}
@@ -200,6 +200,9 @@ func (e *Engine) DecideNormalized(n string) allowlist.Decision {
 func Evaluate(l *allowlist.List, m Mode, n string) allowlist.Decision {
 	if n == HealthcheckName {
 		return allowlist.Decision{Verdict: allowlist.Allow, Reason: ReasonHealthcheck}
+	}
+	if allowlist.NumericName(n) {
+		return allowlist.Decision{Verdict: allowlist.Block, Reason: allowlist.ReasonInvalidName}
 	}
 	if allowlist.SpecialUse(n) {
 		// No upstream can answer it honestly, and the host's own resolver
