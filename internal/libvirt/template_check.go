@@ -267,7 +267,7 @@ func checkDisk(disk *libvirtxml.DomainDisk, p Params) error {
 		return fmt.Errorf("device %q is not allowed: only disk and cdrom", disk.Device)
 	}
 	if disk.Source == nil || disk.Source.File == nil {
-		return fmt.Errorf("only a file source is allowed: a block device, host directory, network or storage-pool disk reaches outside the instance")
+		return fmt.Errorf("a disk that is not a plain file is not allowed: a block device, host directory, network or storage-pool disk reaches outside the instance")
 	}
 	if err := allowOnly("<disk><source>", disk.Source, "File", "StartupPolicy", "Index"); err != nil {
 		return err
