@@ -191,6 +191,13 @@ func proxyEnv(c Config) [][2]string {
 		{"NODE_EXTRA_CA_CERTS", systemCABundle},
 		// Python's requests uses certifi's bundle, not the system's.
 		{"REQUESTS_CA_BUNDLE", systemCABundle},
+		// cargo reads the proxy variables; its CA file is made explicit
+		// for builds whose curl has no default bundle.
+		{"CARGO_HTTP_CAINFO", systemCABundle},
+		// The JVM (java, Maven, Gradle) reads no proxy variable; these
+		// system properties reach every JVM started. Its trust store is
+		// built from the system's by ca-certificates-java.
+		{"JAVA_TOOL_OPTIONS", javaProxyOptions(c)},
 	}
 }
 
@@ -207,10 +214,8 @@ func UserData(c Config) ([]byte, error) {
 	profile.WriteString("# Written by abox: all traffic leaves through the instance proxy.\n")
 	environment.WriteString("# abox proxy settings\n")
 	for _, kv := range proxyEnv(c) {
-		// Values are a URL of an IP literal and port, or fixed paths and
-		// names: nothing that needs shell quoting.
-		fmt.Fprintf(&profile, "export %s=%s\n", kv[0], kv[1])
-		fmt.Fprintf(&environment, "%s=%s\n", kv[0], kv[1])
+		fmt.Fprintf(&profile, "export %s=%s\n", kv[0], shellValue(kv[1]))
+		fmt.Fprintf(&environment, "%s=%s\n", kv[0], pamEnvValue(kv[1]))
 	}
 	ud := userData{
 		Users: []any{
