@@ -1,0 +1,70 @@
+package cli
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/abox-dev/abox/internal/config"
+	"github.com/abox-dev/abox/internal/paths"
+)
+
+func TestInitWritesALoadableStarterOnce(t *testing.T) {
+	l := paths.Layout{Root: t.TempDir()}
+	file := filepath.Join(t.TempDir(), "abox.yaml")
+	if out, err := runCLI(l, "init", "-f", file, "--name", "proj", "--preset", "npm", "--preset", "github"); err != nil {
+		t.Fatalf("init: %v\n%s", err, out)
+	}
+	p, err := config.Load(file)
+	if err != nil {
+		t.Fatalf("the starter does not load: %v", err)
+	}
+	p.Close()
+	if p.Name != "proj" || len(p.Allowlist) == 0 {
+		t.Errorf("starter: name %q, %d entries", p.Name, len(p.Allowlist))
+	}
+	before, _ := os.ReadFile(file)
+	if out, err := runCLI(l, "init", "-f", file); err == nil || !strings.Contains(out+err.Error(), "exists") {
+		t.Errorf("init over an existing file: %v\n%s", err, out)
+	}
+	if after, _ := os.ReadFile(file); string(after) != string(before) {
+		t.Error("the refused init changed the file")
+	}
+	var ue usageError
+	if _, err := runCLI(l, "init", "-f", filepath.Join(t.TempDir(), "x.yaml"), "--preset", "nope"); !errors.As(err, &ue) {
+		t.Errorf("unknown preset: %v, want a usage error", err)
+	}
+	if _, err := runCLI(l, "init", "-f", filepath.Join(t.TempDir(), "x.yaml"), "--name", "bad name"); !errors.As(err, &ue) {
+		t.Errorf("bad name: %v, want a usage error", err)
+	}
+}
+
+// TestTrustRecordsOutsideTheProject: trust writes under the data root only
+// and only for a file that widens something.
+func TestTrustRecordsOutsideTheProject(t *testing.T) {
+	l := paths.Layout{Root: t.TempDir()}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "abox.yaml")
+	os.WriteFile(file, []byte("version: 1\nname: dev\nports: [443]\n"), 0o644)
+	if out, err := runCLI(l, "trust", "-f", file); err != nil || !strings.Contains(out, "widens nothing") {
+		t.Errorf("trust of a tightening file: %v\n%s", err, out)
+	}
+	os.WriteFile(file, []byte("version: 1\nname: dev\nports: [443, 8443]\n"), 0o644)
+	out, err := runCLI(l, "trust", "-f", file)
+	if err != nil || !strings.Contains(out, "ports: lets the proxy connect to ports 8443") {
+		t.Fatalf("trust: %v\n%s", err, out)
+	}
+	recs, _ := filepath.Glob(filepath.Join(l.Root, "trust", "*.json"))
+	if len(recs) != 1 {
+		t.Errorf("%d trust records under the data root, want 1", len(recs))
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("trust wrote into the project: %d entries", len(entries))
+	}
+	os.WriteFile(file, []byte("version: 1\nname: dev\nportz: [443]\n"), 0o644)
+	if _, err := runCLI(l, "trust", "-f", file); err == nil || !strings.Contains(err.Error(), `abox.yaml:3:1: unknown key "portz" (did you mean "ports"?)`) {
+		t.Errorf("trust of a broken file: %v", err)
+	}
+}

@@ -1,0 +1,164 @@
+package project
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/api"
+	"github.com/abox-dev/abox/internal/config"
+	"github.com/abox-dev/abox/internal/guest"
+	"github.com/abox-dev/abox/internal/httpfilter"
+	"github.com/abox-dev/abox/internal/policy"
+)
+
+// syncAllowlist makes the running instance's allowlist the file's: what is
+// missing is added, what the file no longer names is removed.
+func syncAllowlist(ctx context.Context, c *api.Client, want []string) ([]string, error) {
+	cur, err := c.Allowlist(ctx)
+	if err != nil {
+		return nil, err
+	}
+	have := map[string]bool{}
+	for _, e := range cur.Entries {
+		have[e] = true
+	}
+	wanted := map[string]bool{}
+	var add, remove []string
+	for _, e := range want {
+		wanted[e] = true
+		if !have[e] {
+			add = append(add, e)
+		}
+	}
+	for _, e := range cur.Entries {
+		if !wanted[e] {
+			remove = append(remove, e)
+		}
+	}
+	var applied []string
+	if len(add) > 0 {
+		if _, err := c.AllowlistAdd(ctx, add); err != nil {
+			return nil, err
+		}
+		for _, e := range add {
+			applied = append(applied, "allowlist +"+e)
+		}
+	}
+	if len(remove) > 0 {
+		if _, err := c.AllowlistRemove(ctx, remove); err != nil {
+			return nil, err
+		}
+		for _, e := range remove {
+			applied = append(applied, "allowlist -"+e)
+		}
+	}
+	return applied, nil
+}
+
+// provision runs the file's overlay and scripts in active mode (a
+// provisioning run must never be the moment the guest reaches everything)
+// and returns what the filters refused meanwhile.
+func provision(ctx context.Context, d Deps, p *config.Project, t guest.Target) ([]Blocked, error) {
+	c := d.api(p.Name)
+	if err := c.SetMode(ctx, policy.Active); err != nil {
+		return nil, fmt.Errorf("provisioning %s: setting active mode: %w", p.Name, err)
+	}
+	marks := map[string]uint64{}
+	for _, comp := range []string{"dns", "http"} {
+		b, err := c.Logs(ctx, comp, 0, 0)
+		if err != nil {
+			return nil, fmt.Errorf("provisioning %s: reading the %s log: %w", p.Name, comp, err)
+		}
+		marks[comp] = b.Seq
+	}
+	var plan guest.Plan
+	if p.Overlay != "" {
+		sub, err := p.Root.OpenRoot(p.Overlay)
+		if err != nil {
+			return nil, fmt.Errorf("%s: provision.overlay: %w", p.Path, err)
+		}
+		defer sub.Close()
+		plan.Overlay = &guest.Overlay{FS: sub.FS(), Source: p.Overlay}
+	}
+	for _, s := range p.Scripts {
+		sc, err := guest.ReadScript(p.Root, s)
+		if err != nil {
+			return nil, fmt.Errorf("%s: provision.scripts: %w", p.Path, err)
+		}
+		plan.Scripts = append(plan.Scripts, sc)
+	}
+	perr := guest.Provision(ctx, t, plan, d.Out, d.Progress)
+	blocked, lerr := blockedSince(context.WithoutCancel(ctx), c, marks)
+	if perr != nil {
+		return blocked, perr
+	}
+	return blocked, lerr
+}
+
+// decision is the part of a DNS or HTTP decision line this reads.
+type decision struct {
+	Verdict string `json:"verdict"`
+	Reason  string `json:"reason"`
+	Name    string `json:"name"` // dns
+	Host    string `json:"host"` // http
+	Port    int    `json:"port"` // http
+}
+
+// blockedSince collects the refusals logged after marks, one per target.
+func blockedSince(ctx context.Context, c *api.Client, marks map[string]uint64) ([]Blocked, error) {
+	seen := map[string]bool{}
+	var out []Blocked
+	for _, comp := range []string{"dns", "http"} {
+		n, since := 0, marks[comp]
+		if since == 0 {
+			n = 10000
+		}
+		b, err := c.Logs(ctx, comp, n, since)
+		if err != nil {
+			return out, err
+		}
+		for _, raw := range b.Lines {
+			var dc decision
+			if json.Unmarshal(raw, &dc) != nil || dc.Verdict != string(allowlist.Block) {
+				continue
+			}
+			bl := blockedOf(comp, dc)
+			if bl.Target == "" || seen[comp+bl.Target+bl.Reason] {
+				continue
+			}
+			seen[comp+bl.Target+bl.Reason] = true
+			out = append(out, bl)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Target < out[j].Target })
+	return out, nil
+}
+
+// blockedOf names the fix for one refusal: an allowlist entry for a name
+// not on the list, a port for the port policy; nothing for the address
+// classes the filters refuse whatever the file says.
+func blockedOf(comp string, dc decision) Blocked {
+	b := Blocked{Component: comp, Reason: dc.Reason, Target: dc.Name}
+	if comp == "http" {
+		b.Target = dc.Host
+		if dc.Port != 0 {
+			b.Target = fmt.Sprintf("%s:%d", dc.Host, dc.Port)
+		}
+	}
+	switch dc.Reason {
+	case allowlist.ReasonNotAllowlisted:
+		host := dc.Name
+		if comp == "http" {
+			host = dc.Host
+		}
+		if e, err := allowlist.ParseEntry(host); err == nil {
+			b.Fix = fmt.Sprintf("allowlist: [%s]", e)
+		}
+	case httpfilter.ReasonPortNotAllowed:
+		b.Fix = fmt.Sprintf("ports: [%d]", dc.Port)
+	}
+	return b
+}
