@@ -98,7 +98,7 @@ forwards: ["8080:80", "5173:5173"]
 	for _, w := range c.Widenings() {
 		keys = append(keys, w.Key)
 	}
-	want := "overrides.libvirt.template allow_private ports mode mitm.enabled mitm.exceptions dns.upstreams upstream_proxy.url upstream_ca"
+	want := "overrides.libvirt.template allow_private ports mode mitm.enabled mitm.exceptions dns.upstreams upstream_proxy.url upstream_ca forwards"
 	if strings.Join(keys, " ") != want {
 		t.Errorf("widenings = %q, want %q", keys, want)
 	}
@@ -117,7 +117,7 @@ func TestDefaultsAreHardened(t *testing.T) {
 		t.Errorf("defaults need trust: %v", w)
 	}
 	// Tightening or restating defaults needs no trust either.
-	c, err = parse(t, "version: 1\nname: dev\nports: [443]\nmode: active\nmitm: {enabled: true}\nallowlist: [api.example.com]\nforwards: ['8080:80']\nprovision: {scripts: [a.sh]}\n")
+	c, err = parse(t, "version: 1\nname: dev\nports: [443]\nmode: active\nmitm: {enabled: true}\nallowlist: [api.example.com]\nprovision: {scripts: [a.sh]}\n")
 	if err != nil {
 		t.Fatal(err)
 	}

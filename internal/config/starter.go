@@ -132,6 +132,7 @@ accel: auto           # kvm, tcg or auto
 #   overlay: overlay
 #   scripts: [setup.sh]
 
-# Host 127.0.0.1:HOSTPORT -> guest 127.0.0.1:GUESTPORT, over SSH.
+# Host 127.0.0.1:HOSTPORT -> guest 127.0.0.1:GUESTPORT, over SSH (trust: host
+# programs that connect to HOSTPORT reach the guest).
 # forwards: ["8080:8080"]
 `

@@ -71,6 +71,16 @@ func (c Config) Widenings() []Widening {
 	if c.UpstreamCA != "" {
 		add("upstream_ca", "makes the proxy trust the roots in %s for origin TLS", c.UpstreamCA)
 	}
+	if len(c.Forwards) > 0 {
+		// A host program that connects to one of these ports (a database
+		// client, a tool with credentials for a local service) would be
+		// talking to the guest.
+		var s []string
+		for _, f := range c.Forwards {
+			s = append(s, fmt.Sprintf("127.0.0.1:%d", f.HostPort))
+		}
+		add("forwards", "puts guest services on the host's %s, where host programs connecting there reach the guest", strings.Join(s, ", "))
+	}
 	return out
 }
 
