@@ -300,6 +300,23 @@ func newStatusCmd(e *env) *cobra.Command {
 			fmt.Fprintf(tw, "guest:\t%s (user %s)\ngateway:\t%s (dns :53, proxy :%d)\nbridge:\t%s\nmac:\t%s\n", i.GuestIP, i.User, i.Gateway, i.ProxyPort, i.Bridge, i.MAC)
 			fmt.Fprintf(tw, "base:\t%s\nresources:\t%d cpus, %d MiB, %d GiB disk, accel %s\ncreated:\t%s\n", i.Base, i.CPUs, i.MemoryMiB, i.DiskGiB, i.Accel, i.CreatedAt.Format(time.RFC3339))
 			fmt.Fprintf(tw, "last boot:\t%s\n", describeBoot(i.LastBoot))
+			if i.UpstreamProxy != "" {
+				fmt.Fprintf(tw, "upstream proxy:\t%s\n", i.UpstreamProxy)
+			}
+			if a, err := e.access(); err == nil {
+				fs, _ := a.Forwards(i.Name)
+				for _, f := range fs {
+					state := "stopped"
+					if f.Active {
+						state = "active"
+					}
+					fmt.Fprintf(tw, "forward:\t%s (%s)\n", f.Describe(), state)
+				}
+				ms, _ := a.Mounts(i.Name)
+				for _, mt := range ms {
+					fmt.Fprintf(tw, "mount:\t%s:%s on %s\n", i.Name, mt.GuestPath, mt.Dir)
+				}
+			}
 			for _, w := range e.filterTrouble(cmd.Context(), i.Name) {
 				fmt.Fprintf(tw, "warning:\t%s\n", w)
 			}
