@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -151,6 +152,55 @@ func TestHostSide(t *testing.T) {
 			t.Errorf("after the guard's repair the host answers ARP for %s again", lab.HostSide)
 		}
 		s.guest("hs", "sudo ip route del "+lab.HostSide+"/32 dev "+nic)
+	})
+
+	t.Run("spoofed ARP, non-IP ethertypes and VLAN-tagged frames never leave the guest", func(t *testing.T) {
+		// tcpdump on the host side of the bridge sees what passed the
+		// guest's packet filter. The guest sends, from a raw socket: an
+		// ARP reply claiming another address of its subnet, a frame of a
+		// local experimental ethertype, a VLAN-tagged IPv4 frame; and, as
+		// the control that the capture works, an ARP request for the
+		// gateway from its own address.
+		spoofIP := hs.Subnet.Addr().Next().Next().Next() // .3
+		ctx, cancel := context.WithTimeout(s.ctx, 40*time.Second)
+		defer cancel()
+		dump := s.env.NetCommand(ctx, "tcpdump", "-l", "-n", "-e", "-i", hs.Bridge, "-c", "20",
+			"ether src "+hs.MAC+" and (arp or ether proto 0x88b5 or vlan)")
+		var buf strings.Builder
+		dump.Stdout = &buf
+		if err := dump.Start(); err != nil {
+			t.Skipf("tcpdump: %v", err)
+		}
+		time.Sleep(2 * time.Second)
+		py := `import socket, struct
+def mac(m): return bytes(int(x, 16) for x in m.split(':'))
+def ip(a): return socket.inet_aton(a)
+me, gw, spoof, nic = mac('` + hs.MAC + `'), '` + hs.Gateway.String() + `', '` + spoofIP.String() + `', '` + nic + `'
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((nic, 0))
+bc = b'\xff' * 6
+arp = lambda op, sip, tip: bc + me + b'\x08\x06' + struct.pack('!HHBBH', 1, 0x0800, 6, 4, op) + me + ip(sip) + b'\x00' * 6 + ip(tip)
+for i in range(3):
+    s.send(arp(2, spoof, gw))
+    s.send(bc + me + b'\x88\xb5' + b'abox-ethertype'.ljust(46, b'.'))
+    s.send(bc + me + b'\x81\x00\x00\x05\x08\x00' + b'\x45' + b'\x00' * 45)
+s.send(arp(1, '` + hs.GuestIP.String() + `', gw))
+`
+		if out, err := s.guest("hs", "sudo python3 -c \""+strings.ReplaceAll(py, `"`, `\"`)+"\""); err != nil {
+			t.Fatalf("sending raw frames: %v\n%s", err, out)
+		}
+		time.Sleep(3 * time.Second)
+		dump.Process.Signal(syscall.SIGINT)
+		dump.Wait()
+		got := buf.String()
+		if !strings.Contains(got, "Request who-has "+hs.Gateway.String()+" tell "+hs.GuestIP.String()) {
+			t.Fatalf("control: the guest's own ARP request was not captured; the test proves nothing:\n%s", got)
+		}
+		for what, sign := range map[string]string{"spoofed ARP reply": "Reply " + spoofIP.String(), "ethertype 0x88b5": "0x88b5", "VLAN-tagged frame": "vlan 5"} {
+			if strings.Contains(got, sign) {
+				t.Errorf("%s left the guest:\n%s", what, got)
+			}
+		}
 	})
 
 	t.Run("the guard repairs chains removed under a running guest", func(t *testing.T) {
