@@ -203,6 +203,36 @@ s.send(arp(1, '` + hs.GuestIP.String() + `', gw))
 		}
 	})
 
+	t.Run("the nwfilter alone: no host chains, no libvirt chains, forwarding on", func(t *testing.T) {
+		// Pause the guard (the supervisor; the filter process serves on),
+		// take abox's chains and libvirt's reject rules away: only the
+		// guest's nwfilter is left between it and the host and the world.
+		sup := s.daemonPID(t, "hs")
+		syscall.Kill(sup, syscall.SIGSTOP)
+		defer syscall.Kill(sup, syscall.SIGCONT)
+		if err := fw.Remove(s.ctx, hs.Bridge); err != nil {
+			t.Fatal(err)
+		}
+		defer fw.Ensure(s.ctx, b)
+		for _, c := range []string{"LIBVIRT_FWI", "LIBVIRT_FWO", "LIBVIRT_FWX", "LIBVIRT_INP", "LIBVIRT_OUT"} {
+			s.inNS(10*time.Second, "iptables", "-w", "10", "-F", c)
+		}
+		gw := hs.Gateway.String()
+		for what, cmd := range map[string]string{
+			"direct egress to the origin":   "curl -sS -m 6 --noproxy '*' http://" + originIP + "/direct",
+			"a host service on the gateway": "curl -sS -m 6 --noproxy '*' http://" + gw + ":8081/",
+			"a host service elsewhere":      "curl -sS -m 6 --noproxy '*' http://" + lab.HostSide + ":8081/",
+			"TCP/53 on the gateway":         "dig +tcp +short +tries=1 +time=4 @" + gw + " allowed.test | grep -q . && echo answered",
+		} {
+			if out, err := s.guest("hs", cmd); err == nil && strings.TrimSpace(out) != "" {
+				t.Errorf("with only the nwfilter, %s worked: %q", what, out)
+			}
+		}
+		if out := s.mustGuest(t, "hs", "dig +short +tries=2 +time=4 @"+gw+" allowed.test"); !hasLine(out, originIP) {
+			t.Errorf("control: DNS to the gateway with only the nwfilter = %q, want %s", out, originIP)
+		}
+	})
+
 	t.Run("the guard repairs chains removed under a running guest", func(t *testing.T) {
 		hostSvc := "curl -sS -m 6 --noproxy '*' http://" + hs.Gateway.String() + ":8081/"
 		for _, rule := range [][]string{
