@@ -97,7 +97,9 @@ func TestHostSide(t *testing.T) {
 		}
 	})
 
-	s.mustAbox("create", "hs", "--accel", "tcg", "--cpus", "1", "--memory", "768", "--upstream", upstreamDN, "--upstream-ca", l.OriginCA)
+	allow := filepath.Join(s.tmp, "allow.txt")
+	os.WriteFile(allow, []byte("allowed.test\n"), 0o644)
+	s.mustAbox("create", "hs", "--accel", "tcg", "--cpus", "1", "--memory", "768", "--allowlist", allow, "--upstream", upstreamDN, "--upstream-ca", l.OriginCA)
 	hs := s.state("hs")
 	out := s.mustAbox("start", "hs")
 	if !strings.Contains(out, "br_netfilter") {
