@@ -158,3 +158,62 @@ func TestE2EConntrackLimit(t *testing.T) {
 		t.Errorf("control: without the chains only %d entries after %d more flows; the test proves nothing", n, sent)
 	}
 }
+
+// TestE2EOtherBridgesKeepWorking: br_netfilter sends every bridge's frames
+// through iptables; with it on and abox's chains in place, a bridge that
+// is not abox's (Docker's docker0, libvirt's default network) still
+// carries traffic between its ports and to the host.
+func TestE2EOtherBridgesKeepWorking(t *testing.T) {
+	l := newLimitsLab(t)
+	fw := New(nsRunner{l.host})
+	if err := fw.Ensure(context.Background(), Bridge{Name: limBridge, Gateway: netip.MustParseAddr(limGW), ProxyPort: 3128}); err != nil {
+		t.Fatal(err)
+	}
+	id := os.Getpid()
+	const other = "abx-dock0"
+	l.sh("ip", "-n", l.host, "link", "add", other, "type", "bridge")
+	l.sh("ip", "-n", l.host, "addr", "add", "172.31.9.1/24", "dev", other)
+	l.sh("ip", "-n", l.host, "link", "set", other, "up")
+	var ctrs []string
+	for i, addr := range []string{"172.31.9.2", "172.31.9.3"} {
+		ns := fmt.Sprintf("abx-fwc%d-%d", i, id)
+		l.sh("ip", "netns", "add", ns)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+		l.sh("ip", "-n", ns, "link", "set", "lo", "up")
+		l.sh("ip", "link", "add", fmt.Sprintf("vc%d", i), "netns", ns, "type", "veth", "peer", "name", fmt.Sprintf("vh%d", i), "netns", l.host)
+		l.sh("ip", "-n", l.host, "link", "set", fmt.Sprintf("vh%d", i), "master", other, "up")
+		l.sh("ip", "-n", ns, "addr", "add", addr+"/24", "dev", fmt.Sprintf("vc%d", i))
+		l.sh("ip", "-n", ns, "link", "set", fmt.Sprintf("vc%d", i), "up")
+		ctrs = append(ctrs, ns)
+	}
+	if v := strings.TrimSpace(l.in(l.host, "cat", "/proc/sys/net/bridge/bridge-nf-call-iptables")); v != "1" {
+		t.Fatalf("bridge netfilter is not on (%q): the test proves nothing", v)
+	}
+	srv := exec.Command("ip", "netns", "exec", ctrs[1], "python3", "-m", "http.server", "--bind", "172.31.9.3", "8000")
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	hostSrv := exec.Command("ip", "netns", "exec", l.host, "python3", "-m", "http.server", "--bind", "172.31.9.1", "8001")
+	if err := hostSrv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hostSrv.Process.Kill(); hostSrv.Wait() })
+	get := func(ns, url string) bool {
+		for i := 0; i < 30; i++ {
+			out, _ := exec.Command("ip", "netns", "exec", ns, "python3", "-c",
+				"import urllib.request\nprint(urllib.request.urlopen('"+url+"', timeout=2).status)").Output()
+			if strings.TrimSpace(string(out)) == "200" {
+				return true
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		return false
+	}
+	if !get(ctrs[0], "http://172.31.9.3:8000/") {
+		t.Errorf("port to port on another bridge fails with br_netfilter and abox's chains")
+	}
+	if !get(ctrs[0], "http://172.31.9.1:8001/") {
+		t.Errorf("port to host on another bridge fails with br_netfilter and abox's chains")
+	}
+}
