@@ -136,12 +136,18 @@ func TestHostSide(t *testing.T) {
 		if !resolves(hs.Gateway.String()) {
 			t.Errorf("the gateway %s does not answer ARP", hs.Gateway)
 		}
-		// Control: with Linux's default the host answers; the guard puts
-		// the switch back.
+		// Control: with Linux's default the host answers (the guard is
+		// paused meanwhile, or it would put the switch back at once);
+		// then the guard puts the switch back.
+		sup := s.daemonPID(t, "hs")
+		syscall.Kill(sup, syscall.SIGSTOP)
 		if out, err := s.inNS(10*time.Second, "sysctl", "-w", "net.ipv4.conf."+hs.Bridge+".arp_ignore=0"); err != nil {
+			syscall.Kill(sup, syscall.SIGCONT)
 			t.Fatalf("%v: %s", err, out)
 		}
-		if !resolves(lab.HostSide) {
+		answered := resolves(lab.HostSide)
+		syscall.Kill(sup, syscall.SIGCONT)
+		if !answered {
 			t.Errorf("control: with arp_ignore=0 the host still did not answer for %s; the test proves nothing", lab.HostSide)
 		}
 		if err := poll(s.ctx, 30*time.Second, func() bool {
@@ -224,7 +230,7 @@ s.send(arp(1, '` + hs.GuestIP.String() + `', gw))
 			"direct egress to the origin":   "curl -sS -m 6 --noproxy '*' http://" + originIP + "/direct",
 			"a host service on the gateway": "curl -sS -m 6 --noproxy '*' http://" + gw + ":8081/",
 			"a host service elsewhere":      "curl -sS -m 6 --noproxy '*' http://" + lab.HostSide + ":8081/",
-			"TCP/53 on the gateway":         "dig +tcp +short +tries=1 +time=4 @" + gw + " allowed.test | grep -q . && echo answered",
+			"TCP/53 on the gateway":         "dig +tcp +short +tries=1 +time=4 @" + gw + " allowed.test | grep -qx " + originIP + " && echo answered",
 		} {
 			if out, err := s.guest("hs", cmd); err == nil && strings.TrimSpace(out) != "" {
 				t.Errorf("with only the nwfilter, %s worked: %q", what, out)
