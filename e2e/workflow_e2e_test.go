@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -119,19 +120,79 @@ func TestWorkflow(t *testing.T) {
 		}
 	})
 	w.must(t, "base", "build", "debian-12")
-	w.must(t, "create", "wf", "--accel", "tcg", "--cpus", "1", "--memory", "1024", "--upstream", lab.Upstream, "--upstream-ca", l.OriginCA)
-	w.must(t, "start", "wf")
-	if err := poll(ctx, 12*time.Minute, func() bool {
-		_, err := w.abox("ssh", "wf", "--", "true")
-		if err != nil {
-			time.Sleep(2 * time.Second)
+
+	// init writes a starter that loads; the test then describes its own
+	// sandbox (the lab's resolver and origin CA are widening settings).
+	t.Run("init writes a starter abox.yaml", func(t *testing.T) {
+		out := w.must(t, "init", "--preset", "github", "--name", "wf")
+		b, err := os.ReadFile(filepath.Join(w.dir, "abox.yaml"))
+		if err != nil || !strings.Contains(string(b), "  - github.com") || !strings.Contains(out, "wrote abox.yaml") {
+			t.Fatalf("init: %v\n%s\n%s", err, out, b)
 		}
-		return err == nil
-	}); err != nil {
-		t.Fatalf("wf never answered ssh: %v", err)
+		if out, err := w.abox("init"); err == nil {
+			t.Errorf("init overwrote an existing file: %s", out)
+		}
+	})
+	ca, err := os.ReadFile(l.OriginCA)
+	if err != nil {
+		t.Fatal(err)
 	}
-	w.abox("ssh", "wf", "--", "cloud-init status --wait >/dev/null 2>&1; true")
+	writeFile(t, filepath.Join(w.dir, "lab-ca.pem"), string(ca), 0o644)
+	writeFile(t, filepath.Join(w.dir, "setup", "etc", "abox-up", "marker"), "overlay from up\n", 0o644)
+	writeFile(t, filepath.Join(w.dir, "setup.sh"), "#!/bin/sh\nset -e\necho \"setup proxy=$https_proxy\"\ncurl -sS -m 20 https://allowed.test/provisioned\necho\ncurl -sS -m 20 https://blocked.test/ 2>&1 || true\ntouch /root/provisioned\n", 0o755)
+	yaml := func(cpus int, extra string) string {
+		return fmt.Sprintf(`version: 1
+name: wf
+accel: tcg
+cpus: %d
+memory: 1024
+allowlist: [allowed.test, www.allowed.test]
+dns:
+  upstreams: ["%s"]
+upstream_ca: lab-ca.pem
+provision:
+  overlay: setup
+  scripts: [setup.sh]
+%s`, cpus, lab.Upstream, extra)
+	}
+	writeFile(t, filepath.Join(w.dir, "abox.yaml"), yaml(1, ""), 0o644)
+
+	t.Run("an untrusted widening abox.yaml is refused and makes nothing", func(t *testing.T) {
+		out, err := w.abox("up")
+		if err == nil || !strings.Contains(out, "not trusted") || !strings.Contains(out, "dns.upstreams") || !strings.Contains(out, "upstream_ca") || !strings.Contains(out, "abox trust") {
+			t.Fatalf("untrusted up: %v\n%s", err, out)
+		}
+		if _, err := os.Stat(filepath.Join(l.Home, "instances", "wf")); err == nil {
+			t.Errorf("the refused up left an instance directory")
+		}
+	})
+	w.must(t, "trust")
+	var upOut string
+	t.Run("up creates, boots and provisions, reporting what the filters blocked", func(t *testing.T) {
+		t0 := time.Now()
+		upOut = w.must(t, "up")
+		t.Logf("FIGURE up (create, first boot under TCG, provision): %s", time.Since(t0).Round(time.Second))
+		for _, want := range []string{"setup proxy=http://", "GET /provisioned host=allowed.test", "CONNECT tunnel failed, response 403",
+			"blocked during provisioning: http blocked.test:443 (not_allowlisted); to allow it add to " + filepath.Join(w.dir, "abox.yaml") + ": allowlist: [blocked.test]"} {
+			if !strings.Contains(upOut, want) {
+				t.Errorf("up output lacks %q:\n%s", want, upOut)
+			}
+		}
+		if got := w.guest(t, "cat /etc/abox-up/marker; sudo test -e /root/provisioned && echo provisioned"); got != "overlay from up\nprovisioned" {
+			t.Errorf("in the guest: %q", got)
+		}
+	})
 	gw := strings.TrimSpace(w.guest(t, "ip -4 route show default | awk '{print $3}'"))
+
+	t.Run("guest tools get the proxy and the CA in SSH sessions and login shells", func(t *testing.T) {
+		port := strconv.Itoa(int(instance.DefaultProxyPort))
+		want := "-Dhttp.proxyHost=" + gw + " -Dhttp.proxyPort=" + port + " -Dhttps.proxyHost=" + gw + " -Dhttps.proxyPort=" + port + "|/etc/ssl/certs/ca-certificates.crt|http://" + gw + ":" + port
+		for _, cmd := range []string{`echo "$JAVA_TOOL_OPTIONS|$CARGO_HTTP_CAINFO|$https_proxy"`, `bash -lc 'echo "$JAVA_TOOL_OPTIONS|$CARGO_HTTP_CAINFO|$https_proxy"'`} {
+			if got := w.guest(t, cmd); got != want {
+				t.Errorf("%s = %q, want %q", cmd, got, want)
+			}
+		}
+	})
 
 	t.Run("provision runs the overlay and scripts as root with the proxy, stopping at the first failure", func(t *testing.T) {
 		writeFile(t, filepath.Join(w.dir, "overlay", "etc", "abox-test", "hello.txt"), "from the overlay\n", 0o644)
@@ -238,6 +299,19 @@ func TestWorkflow(t *testing.T) {
 		if out, err := w.abox("forward", "add", "wf", "18080:8081"); err == nil {
 			t.Errorf("a second forward on a used host port: %s", out)
 		}
+		// Throughput through the forward and with scp, for the record.
+		w.guest(t, "head -c 33554432 /dev/urandom > www/big.bin")
+		t0 := time.Now()
+		if out, err := w.inNS(2*time.Minute, "curl", "-sS", "-m", "110", "-o", "/dev/null", "-w", "%{size_download}", "http://127.0.0.1:18080/big.bin"); err != nil || strings.TrimSpace(out) != "33554432" {
+			t.Errorf("32 MiB through the forward: %v %q", err, out)
+		} else {
+			t.Logf("FIGURE forward throughput (host loopback -> guest over SSH, TCG guest): %.1f MiB/s", 32/time.Since(t0).Seconds())
+		}
+		t0 = time.Now()
+		w.must(t, "scp", "wf:www/big.bin", "./big.bin")
+		t.Logf("FIGURE scp guest -> host, 32 MiB (TCG guest): %.1f MiB/s", 32/time.Since(t0).Seconds())
+		os.Remove(filepath.Join(w.dir, "big.bin"))
+		w.guest(t, "rm -f www/big.bin")
 		w.must(t, "forward", "remove", "wf", "18080:8080")
 		if out, err := w.inNS(10*time.Second, "curl", "-sS", "-m", "5", "http://127.0.0.1:18080/"); err == nil {
 			t.Errorf("the forward still answers after remove: %q", out)
@@ -269,16 +343,77 @@ func TestWorkflow(t *testing.T) {
 		w.must(t, "forward", "remove", "wf", "18090:9090", "--reverse")
 	})
 
-	t.Run("remove takes mounts and forwards down", func(t *testing.T) {
-		w.must(t, "remove", "--force", "wf")
+	t.Run("up on the existing instance reports drift and applies the allowlist and forwards live", func(t *testing.T) {
+		os.WriteFile(filepath.Join(w.dir, "abox.yaml"), []byte(strings.Replace(yaml(2, "forwards: [\"18081:22\"]\n"), "allowlist: [allowed.test, www.allowed.test]", "allowlist: [allowed.test, late.test]", 1)), 0o644)
+		if out, err := w.abox("up"); err == nil || !strings.Contains(out, "not trusted") {
+			t.Fatalf("a changed widening file was not asked about again: %v\n%s", err, out)
+		}
+		w.must(t, "trust")
+		out := w.must(t, "up")
+		for _, want := range []string{"drift: cpus: the file says 2, instance wf has 1", "allowlist +late.test", "allowlist -www.allowed.test", "forward host 127.0.0.1:18081 -> guest 127.0.0.1:22"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("up output lacks %q:\n%s", want, out)
+			}
+		}
+		if strings.Contains(out, "running setup.sh") {
+			t.Errorf("up provisioned again:\n%s", out)
+		}
+		if got := w.guest(t, "dig +short @"+gw+" late.test"); !strings.Contains(got, lab.OriginIP) {
+			t.Errorf("late.test after up = %q", got)
+		}
+		if out, err := w.inNS(10*time.Second, "bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/18081 && head -c 7 <&3"); err != nil || !strings.HasPrefix(out, "SSH-2.0") {
+			t.Errorf("forward from abox.yaml: %v %q", err, out)
+		}
+	})
+
+	t.Run("down stops forwards; up brings the instance and its forwards back", func(t *testing.T) {
+		w.must(t, "down")
+		if out, err := w.inNS(10*time.Second, "bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/18081"); err == nil {
+			t.Errorf("the forward answers after down: %q", out)
+		}
 		if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), mnt) {
-			t.Errorf("%s still mounted after remove", mnt)
+			t.Errorf("%s still mounted after down", mnt)
 		}
-		if out, err := w.inNS(10*time.Second, "curl", "-sS", "-m", "5", "http://127.0.0.1:18080/"); err == nil || strings.Contains(out, "served") {
-			t.Errorf("the forward answers after remove: %q", out)
+		out := w.must(t, "up")
+		if strings.Contains(out, "running setup.sh") {
+			t.Errorf("up provisioned again after a restart:\n%s", out)
 		}
-		if out, _ := exec.Command("pgrep", "-f", "forward run wf").CombinedOutput(); strings.TrimSpace(string(out)) != "" {
+		var got string
+		poll(ctx, 60*time.Second, func() bool {
+			got, _ = w.inNS(10*time.Second, "bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/18081 && head -c 7 <&3")
+			return strings.HasPrefix(got, "SSH-2.0")
+		})
+		if !strings.HasPrefix(got, "SSH-2.0") {
+			t.Errorf("the forward did not come back with the instance: %q", got)
+		}
+		if got := w.must(t, "forward", "list", "wf"); !strings.Contains(got, "active") || !strings.Contains(got, "18080:8080") {
+			t.Errorf("forward list after up:\n%s", got)
+		}
+	})
+
+	t.Run("down --rm leaves nothing", func(t *testing.T) {
+		os.MkdirAll(mnt, 0o755)
+		w.must(t, "mount", "wf", mnt)
+		w.must(t, "down", "--rm")
+		if _, err := os.Stat(filepath.Join(l.Home, "instances", "wf")); err == nil {
+			t.Errorf("instance directory left")
+		}
+		if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), mnt) {
+			t.Errorf("%s still mounted after down --rm", mnt)
+		}
+		for _, port := range []string{"18080", "18081"} {
+			if out, err := w.inNS(10*time.Second, "bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/"+port); err == nil {
+				t.Errorf("forward %s answers after down --rm: %q", port, out)
+			}
+		}
+		if out, _ := exec.Command("pgrep", "-f", "abox forward run wf").CombinedOutput(); strings.TrimSpace(string(out)) != "" {
 			t.Errorf("forward supervisors left: %s", out)
+		}
+		for _, args := range [][]string{{"list", "--all", "--name"}, {"net-list", "--all", "--name"}, {"nwfilter-list"}} {
+			out, _ := l.Env.Virsh(ctx, args...)
+			if strings.Contains(out, "wf") {
+				t.Errorf("virsh %s still lists wf:\n%s", args[0], out)
+			}
 		}
 	})
 }
