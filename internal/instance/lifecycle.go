@@ -291,7 +291,8 @@ func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
 	}
 	var errs []error
 	m.progress("removing %s", name)
-	if m.Access != nil {
+	// Without a directory there are no recorded mounts or forwards.
+	if m.Access != nil && !missing {
 		if err := m.Access.Release(ctx, name); err != nil {
 			errs = append(errs, fmt.Errorf("releasing mounts and forwards: %w", err))
 		}
