@@ -286,13 +286,16 @@ func (a Access) stopForward(ctx context.Context, name string, f Forward) {
 		return
 	}
 	syscall.Kill(pid, syscall.SIGTERM)
-	for i := 0; i < 100 && syscall.Kill(pid, 0) == nil; i++ {
+	// forwardPID, not kill(0): an exited supervisor nobody reaps stays a
+	// zombie, which kill(0) still finds but whose command line is empty.
+	for i := 0; i < 100 && a.forwardPID(name, f) == pid; i++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+	// The supervisor's group holds its ssh: nothing of it may outlive it.
 	syscall.Kill(-pid, syscall.SIGKILL)
 }
 

@@ -3,6 +3,7 @@ package guest
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
 	"io"
 	"net/netip"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/paths"
@@ -337,5 +339,57 @@ func TestMountinfo(t *testing.T) {
 	}
 	if ok, _ := mountinfoHas(strings.NewReader(mi), "/mnt/a"); ok {
 		t.Error("prefix matched")
+	}
+}
+
+// TestForwardRecordsAndSupervisors: a forward is recorded, its supervisor
+// is found by pid and command line, remove stops it and forgets it, and a
+// recorded forward survives Release (stop) for Resume (start).
+func TestForwardRecordsAndSupervisors(t *testing.T) {
+	tg := testTarget(t)
+	// A stand-in supervisor: it keeps the command line abox forward run
+	// would have and waits to be ended.
+	exe := filepath.Join(t.TempDir(), "fake-abox")
+	os.WriteFile(exe, []byte("#!/bin/sh\nsleep 60\n"), 0o755)
+	a := Access{Layout: tg.Layout, Exe: exe}
+	f := Forward{HostPort: 18999, GuestPort: 9, Reverse: true}
+	if err := a.AddForward(t.Context(), tg, f, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddForward(t.Context(), tg, f, true); !errors.Is(err, ErrForwardExists) {
+		t.Errorf("second add: %v", err)
+	}
+	fs, err := a.Forwards("dev")
+	if err != nil || len(fs) != 1 || !fs[0].Active {
+		t.Fatalf("after add: %+v, %v", fs, err)
+	}
+	pid := a.forwardPID("dev", f)
+	if err := a.Release(t.Context(), "dev"); err != nil {
+		t.Fatal(err)
+	}
+	if fs, _ := a.Forwards("dev"); len(fs) != 1 || fs[0].Active {
+		t.Errorf("after release: %+v, want recorded and stopped", fs)
+	}
+	// The stand-in is this test's child, reaped as soon as it exits.
+	for i := 0; i < 100 && syscall.Kill(pid, 0) == nil; i++ {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if syscall.Kill(pid, 0) == nil {
+		t.Errorf("supervisor %d still runs after release", pid)
+	}
+	if err := a.Resume(t.Context(), "dev"); err != nil {
+		t.Fatal(err)
+	}
+	if fs, _ := a.Forwards("dev"); len(fs) != 1 || !fs[0].Active {
+		t.Errorf("after resume: %+v", fs)
+	}
+	if err := a.RemoveForward(t.Context(), "dev", f); err != nil {
+		t.Fatal(err)
+	}
+	if fs, _ := a.Forwards("dev"); len(fs) != 0 {
+		t.Errorf("after remove: %+v", fs)
+	}
+	if err := a.RemoveForward(t.Context(), "dev", f); err == nil {
+		t.Error("removing a forward twice")
 	}
 }
