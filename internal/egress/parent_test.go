@@ -157,6 +157,9 @@ func TestParentProxyGetsOnlyCheckedAddresses(t *testing.T) {
 	if _, err := pp.DialContext(ctx, "tcp", "allowed.test:443"); err == nil {
 		t.Error("the parent dialer took a name")
 	}
+	if n := len(par.seen()); n != 1 {
+		t.Errorf("a name was sent to the parent (%d requests)", n)
+	}
 }
 
 func TestParentProxyRefusals(t *testing.T) {
