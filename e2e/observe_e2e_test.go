@@ -266,7 +266,7 @@ func TestObserve(t *testing.T) {
 		if out, err := s.inNS(10*time.Second, "iptables", del...); err != nil {
 			t.Fatalf("%v: %s", err, out)
 		}
-		mustFailOn(t, "hostfw", "host chains present")
+		mustFailOn(t, "hostfw", "host chains present and first")
 		fw := hostfw.New(nsRunner{s})
 		if err := fw.Ensure(s.ctx, hostfw.Bridge{Name: st.Bridge, Gateway: st.Gateway, ProxyPort: st.ProxyPort}); err != nil {
 			t.Fatal(err)
@@ -278,7 +278,7 @@ func TestObserve(t *testing.T) {
 		if out, err := s.inNS(10*time.Second, "iptables", append([]string{"-w", "10", "-t", hostfw.Table, "-I", "INPUT", "1"}, rule...)...); err != nil {
 			t.Fatalf("%v: %s", err, out)
 		}
-		mustFailOn(t, "hostfw", "host chains first")
+		mustFailOn(t, "hostfw", "host chains present and first")
 		if out, err := s.inNS(10*time.Second, "iptables", append([]string{"-w", "10", "-t", hostfw.Table, "-D", "INPUT"}, rule...)...); err != nil {
 			t.Fatalf("%v: %s", err, out)
 		}

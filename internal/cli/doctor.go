@@ -112,7 +112,7 @@ checks it cannot.`,
 			files := l.Instance(name)
 			in := doctor.Instance{
 				State: st, Files: files, Filter: filter,
-				Hypervisor: hv, Firewall: hostfw.New(hostfw.ExecRunner{}), Run: hostfw.ExecRunner{},
+				Hypervisor: hv, Firewall: hostfw.New(hostfw.ExecRunner{}),
 				Filters: api.NewClient(files.APISocket),
 				ProbeIP: probeIP, ProbeResolver: probeResolver,
 			}

@@ -51,12 +51,6 @@ func (f *fakeFW) Check(_ context.Context, b hostfw.Bridge) (hostfw.Status, error
 	return hostfw.Status{Bridge: b.Name, Problems: f.problems}, nil
 }
 
-type fakeRun struct{ rules map[string]string }
-
-func (f *fakeRun) Run(_ context.Context, name string, args ...string) ([]byte, error) {
-	return []byte(f.rules[args[len(args)-1]]), nil
-}
-
 type fakeFilters struct {
 	mode policy.Mode
 	err  error
@@ -103,7 +97,7 @@ func servers(t *testing.T) (dnsAddr, proxyAddr string) {
 
 const bridge = "abx0123"
 
-func healthyInstance(t *testing.T) (Instance, *fakeHV, *fakeFW, *fakeRun, *fakeFilters) {
+func healthyInstance(t *testing.T) (Instance, *fakeHV, *fakeFW, *fakeFilters) {
 	st := instance.State{Name: "dev", Bridge: bridge, Gateway: netip.MustParseAddr("10.10.3.1"), GuestIP: netip.MustParseAddr("10.10.3.10"), ProxyPort: 3128}
 	filter := &libvirtxml.NWFilter{Name: "abox-dev", Entries: []libvirtxml.NWFilterEntry{{Rule: &libvirtxml.NWFilterRule{Action: "drop", Direction: "inout", Priority: 999}}}}
 	same := *filter
@@ -115,18 +109,13 @@ func healthyInstance(t *testing.T) (Instance, *fakeHV, *fakeFW, *fakeRun, *fakeF
 		filter:   &same,
 	}
 	fw := &fakeFW{}
-	run := &fakeRun{rules: map[string]string{
-		"FORWARD": "-P FORWARD ACCEPT\n-A FORWARD -i abxother -j ABOX-abxother\n-A FORWARD -i " + bridge + " -j ABOX-" + bridge + "\n-A FORWARD -j LIBVIRT_FWX\n",
-		"INPUT":   "-P INPUT ACCEPT\n-A INPUT -i " + bridge + " -j ABOXI-" + bridge + "\n",
-		"OUTPUT":  "-P OUTPUT ACCEPT\n-A OUTPUT -o " + bridge + " -j ABOXO-" + bridge + "\n",
-	}}
 	fl := &fakeFilters{mode: policy.Active}
 	d, p := servers(t)
 	in := Instance{
 		State: st, Files: paths.Instance{LogsDir: t.TempDir(), APISocket: "/x/api.sock", DaemonLog: "/x/daemon.log"},
-		Filter: filter, Hypervisor: hv, Firewall: fw, Run: run, Filters: fl, DNSAddr: d, ProxyAddr: p,
+		Filter: filter, Hypervisor: hv, Firewall: fw, Filters: fl, DNSAddr: d, ProxyAddr: p,
 	}
-	return in, hv, fw, run, fl
+	return in, hv, fw, fl
 }
 
 func failures(r Report) []string {
@@ -144,36 +133,36 @@ func failures(r Report) []string {
 func TestDoctorNamesEachBrokenLayer(t *testing.T) {
 	tests := []struct {
 		name  string
-		brk   func(hv *fakeHV, fw *fakeFW, run *fakeRun, fl *fakeFilters)
+		brk   func(hv *fakeHV, fw *fakeFW, fl *fakeFilters)
 		fails []string
 	}{
-		{"healthy", func(*fakeHV, *fakeFW, *fakeRun, *fakeFilters) {}, nil},
-		{"binding deleted", func(hv *fakeHV, _ *fakeFW, _ *fakeRun, _ *fakeFilters) { delete(hv.bindings, "vnet0") },
+		{"healthy", func(*fakeHV, *fakeFW, *fakeFilters) {}, nil},
+		{"binding deleted", func(hv *fakeHV, _ *fakeFW, _ *fakeFilters) { delete(hv.bindings, "vnet0") },
 			[]string{"nwfilter/bound on the live interface"}},
-		{"bound to another filter", func(hv *fakeHV, _ *fakeFW, _ *fakeRun, _ *fakeFilters) { hv.bindings["vnet0"] = "allow-all" },
+		{"bound to another filter", func(hv *fakeHV, _ *fakeFW, _ *fakeFilters) { hv.bindings["vnet0"] = "allow-all" },
 			[]string{"nwfilter/bound on the live interface"}},
-		{"persistent definition without filterref", func(hv *fakeHV, _ *fakeFW, _ *fakeRun, _ *fakeFilters) {
+		{"persistent definition without filterref", func(hv *fakeHV, _ *fakeFW, _ *fakeFilters) {
 			hv.persist = []libvirt.NIC{{MAC: "52:54:00:00:00:01"}}
 		}, []string{"nwfilter/persistent definition references it"}},
-		{"filter edited", func(hv *fakeHV, _ *fakeFW, _ *fakeRun, _ *fakeFilters) {
+		{"filter edited", func(hv *fakeHV, _ *fakeFW, _ *fakeFilters) {
 			hv.filter = &libvirtxml.NWFilter{Name: "abox-dev", Entries: []libvirtxml.NWFilterEntry{{Rule: &libvirtxml.NWFilterRule{Action: "accept", Direction: "inout", Priority: 999}}}}
 		}, []string{"nwfilter/filter defined"}},
-		{"filter missing", func(hv *fakeHV, _ *fakeFW, _ *fakeRun, _ *fakeFilters) { hv.filter = nil }, []string{"nwfilter/filter defined"}},
-		{"chain missing", func(_ *fakeHV, fw *fakeFW, _ *fakeRun, _ *fakeFilters) {
+		{"filter missing", func(hv *fakeHV, _ *fakeFW, _ *fakeFilters) { hv.filter = nil }, []string{"nwfilter/filter defined"}},
+		{"chain missing", func(_ *fakeHV, fw *fakeFW, _ *fakeFilters) {
 			fw.problems = []string{"iptables: chain ABOXI-" + bridge + " missing"}
-		}, []string{"hostfw/host chains present"}},
-		{"foreign rule first", func(_ *fakeHV, _ *fakeFW, run *fakeRun, _ *fakeFilters) {
-			run.rules["INPUT"] = "-A INPUT -j ACCEPT\n" + run.rules["INPUT"]
-		}, []string{"hostfw/host chains first"}},
-		{"daemon down", func(_ *fakeHV, _ *fakeFW, _ *fakeRun, fl *fakeFilters) { fl.err = api.ErrNotRunning },
+		}, []string{"hostfw/host chains present and first"}},
+		{"foreign rule first", func(_ *fakeHV, fw *fakeFW, _ *fakeFilters) {
+			fw.problems = []string{"iptables: INPUT jump for traffic from " + bridge + " to the host is not first in INPUT (another rule comes before it)"}
+		}, []string{"hostfw/host chains present and first"}},
+		{"daemon down", func(_ *fakeHV, _ *fakeFW, fl *fakeFilters) { fl.err = api.ErrNotRunning },
 			[]string{"daemon/api answering"}},
-		{"domain off", func(hv *fakeHV, _ *fakeFW, _ *fakeRun, _ *fakeFilters) { hv.state = libvirt.StateShutoff },
+		{"domain off", func(hv *fakeHV, _ *fakeFW, _ *fakeFilters) { hv.state = libvirt.StateShutoff },
 			[]string{"vm/domain running"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			in, hv, fw, run, fl := healthyInstance(t)
-			tc.brk(hv, fw, run, fl)
+			in, hv, fw, fl := healthyInstance(t)
+			tc.brk(hv, fw, fl)
 			r := Doctor(context.Background(), in)
 			got := failures(r)
 			if strings.Join(got, ",") != strings.Join(tc.fails, ",") {
@@ -189,7 +178,7 @@ func TestDoctorNamesEachBrokenLayer(t *testing.T) {
 }
 
 func TestDoctorDNSAndProxyDown(t *testing.T) {
-	in, _, _, _, _ := healthyInstance(t)
+	in, _, _, _ := healthyInstance(t)
 	in.DNSAddr, in.ProxyAddr = "127.0.0.1:1", "127.0.0.1:1"
 	got := failures(Doctor(context.Background(), in))
 	if strings.Join(got, ",") != "dns/filter answering,proxy/filter answering" {
@@ -197,31 +186,10 @@ func TestDoctorDNSAndProxyDown(t *testing.T) {
 	}
 }
 
-func TestJumpsFirst(t *testing.T) {
-	fw := "-A FORWARD -i " + bridge + " -j ABOX-" + bridge
-	tests := []struct {
-		name, rules string
-		ok          bool
-	}{
-		{"first", "-P FORWARD ACCEPT\n" + fw + "\n-A FORWARD -j ACCEPT", true},
-		{"after another instance", "-A FORWARD -o b2 -j ABOX-b2\n" + fw, true},
-		{"after a foreign accept", "-A FORWARD -j ACCEPT\n" + fw, false},
-		{"after a foreign chain", "-A FORWARD -j DOCKER-USER\n" + fw, false},
-		{"absent", "-A FORWARD -j ABOX-b2", false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			if p := jumpsFirst(tc.rules, "FORWARD", bridge); (p == "") != tc.ok {
-				t.Errorf("jumpsFirst = %q, want ok %v", p, tc.ok)
-			}
-		})
-	}
-}
-
 // TestGuestProbes feeds the probe parser what a guest prints, including a
 // hostile guest's forged and garbled lines.
 func TestGuestProbes(t *testing.T) {
-	in, _, _, _, _ := healthyInstance(t)
+	in, _, _, _ := healthyInstance(t)
 	ps := probes(in, false)
 	if out, err := exec.Command("sh", "-n", "-c", script(ps)).CombinedOutput(); err != nil {
 		t.Fatalf("the probe script is not valid sh: %v\n%s", err, out)
