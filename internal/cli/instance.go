@@ -94,6 +94,7 @@ own /24, and the libvirt domain with its packet filter. Nothing runs until
 	f.StringVar(&s.UpstreamProxy, "upstream-proxy", "", "parent proxy http://HOST:PORT for the filters' own egress (no credentials in the URL)")
 	f.StringVar(&s.UpstreamProxyCredentials, "upstream-proxy-credentials", "", "FILE holding the parent proxy's USER:PASSWORD on one line")
 	f.StringVar(&s.Template, "template", "", "libvirt domain template FILE (replaces the hardened defaults)")
+	f.BoolVar(&s.Monitor, "monitor", false, "runtime monitor: stream the guest's Tetragon events to the host (see docs/monitor.md)")
 	return cmd
 }
 
@@ -125,6 +126,10 @@ func (w waitFlags) waitReady(cmd *cobra.Command, e *env, m *instance.Manager, na
 		name, b.SSHAt.Sub(b.StartedAt).Round(100*time.Millisecond), b.ReadyAfter().Round(100*time.Millisecond), name)
 	if len(b.Errors) > 0 {
 		fmt.Fprintf(e.stderr, "warning: cloud-init reported errors in %s: %s\n", name, strings.Join(b.Errors, "; "))
+	}
+	if err := m.StartMonitorAgent(cmd.Context(), name); err != nil {
+		// The monitor never holds the instance back.
+		fmt.Fprintf(e.stderr, "warning: %v\n", err)
 	}
 	return nil
 }

@@ -54,6 +54,7 @@ func (e *env) manager(ctx context.Context) (*instance.Manager, func(), error) {
 		Images:     image.NewStore(l.Root, image.ExecRunner{}, nil),
 		Run:        libvirt.ExecRunner{},
 		Daemon:     &instance.ProcessDaemon{Layout: l, Exe: exe},
+		Monitor:    &instance.MonitorProcess{Layout: l, Exe: exe},
 		Seeds:      seedWriter{},
 		Progress:   e.stderr,
 		Pool:       os.Getenv(EnvPool),
@@ -73,6 +74,7 @@ func (seedWriter) WriteSeed(ctx context.Context, path string, in instance.SeedIn
 		AuthorizedKey: in.AuthorizedKey, CACertPEM: string(in.CACertPEM),
 		MAC: st.MAC, Subnet: st.Subnet, GuestIP: st.GuestIP, Gateway: st.Gateway, ProxyPort: st.ProxyPort,
 		HostKeyPEM: string(in.HostKeyPEM), HostPublicKey: in.HostPublicKey,
+		Monitor: st.Monitor,
 	})
 	if err != nil {
 		return err

@@ -134,6 +134,7 @@ instance.`,
 		newTapCmd(e),
 		newDoctorCmd(e),
 		newLibvirtHookCmd(e),
+		newMonitorCmd(e),
 	)
 	return root
 }

@@ -35,6 +35,9 @@ type Config struct {
 	// is known before the first connection. Both or neither.
 	HostKeyPEM    string
 	HostPublicKey string
+
+	// Monitor installs and starts the runtime monitor's forwarder.
+	Monitor bool
 }
 
 var (

@@ -256,6 +256,9 @@ func UserData(c Config) ([]byte, error) {
 		return nil, fmt.Errorf("encoding user-data: %w", err)
 	}
 	ud.WriteFiles = append(ud.WriteFiles, cas...)
+	if c.Monitor {
+		ud.WriteFiles = append(ud.WriteFiles, monitorFiles()...)
+	}
 	if c.HostKeyPEM != "" {
 		ud.SSHKeys = map[string]string{
 			"ed25519_private": strings.TrimSpace(c.HostKeyPEM) + "\n",

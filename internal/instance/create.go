@@ -58,6 +58,10 @@ type Spec struct {
 	// USER:PASSWORD in the file UpstreamProxyCredentials (optional).
 	UpstreamProxy            string
 	UpstreamProxyCredentials string
+	// Monitor gives the guest the runtime monitor: a virtio-serial channel
+	// to the host and the forwarder that streams Tetragon's events into it
+	// (abox.yaml's monitor.enabled).
+	Monitor bool
 }
 
 // SeedInput is what the cloud-init seed needs beyond the state.
@@ -121,6 +125,9 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 		return State{}, nil, fmt.Errorf("creating %s: upstream proxy credentials without an upstream proxy", spec.Name)
 	}
 	var template string
+	if spec.Monitor && spec.Template != "" {
+		return State{}, nil, errors.New("creating instance: --monitor and --template do not combine: a user template replaces the domain abox would give the monitor's channel")
+	}
 	if spec.Template != "" {
 		b, err := os.ReadFile(spec.Template)
 		if err != nil {
@@ -158,7 +165,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 		Base: spec.Base, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, DiskGiB: spec.DiskGiB,
 		User: spec.User, Accel: resolveAccel(spec.Accel),
 		ProxyPort: DefaultProxyPort, Upstreams: spec.Upstreams, AllowPrivate: spec.AllowPrivate, AllowHost: spec.AllowHost,
-		NoMITM: spec.NoMITM, MITMExceptions: spec.MITMExceptions, Ports: spec.Ports,
+		NoMITM: spec.NoMITM, MITMExceptions: spec.MITMExceptions, Ports: spec.Ports, Monitor: spec.Monitor,
 		Template:      template,
 		UpstreamProxy: spec.UpstreamProxy, UpstreamProxyCredentials: spec.UpstreamProxyCredentials,
 		Kernel: base.KernelPath(), Initrd: base.InitrdPath(),
@@ -330,8 +337,13 @@ func (m *Manager) domainXML(st State) (xml, warning string, err error) {
 // ParamsOf maps state to the libvirt builders' parameters.
 func ParamsOf(l paths.Layout, st State) libvirt.Params {
 	f := l.Instance(st.Name)
+	monitor := ""
+	if st.Monitor {
+		monitor = f.MonitorSocket
+	}
 	return libvirt.Params{
-		Name: st.Name, UUID: st.UUID,
+		MonitorSocket: monitor,
+		Name:          st.Name, UUID: st.UUID,
 		Bridge: st.Bridge, Subnet: st.Subnet, Gateway: st.Gateway, GuestIP: st.GuestIP, MAC: st.MAC,
 		ProxyPort: st.ProxyPort, CPUs: st.CPUs, MemoryMiB: st.MemoryMiB,
 		DiskPath:      f.Disk,

@@ -40,16 +40,8 @@ func (d *ProcessDaemon) Start(ctx context.Context, st State) error {
 	if err := os.MkdirAll(f.LogsDir, 0o700); err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(f.DaemonLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	cmd, err := launchSupervisor(d.Layout, d.Exe, "daemon", st.Name, f.DaemonLog)
 	if err != nil {
-		return fmt.Errorf("opening daemon log: %w", err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(d.Exe, "daemon", "supervise", st.Name)
-	cmd.Env = append(os.Environ(), paths.EnvHome+"="+d.Layout.Root)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("launching filter daemon: %w", err)
 	}
 	exited := make(chan error, 1)
@@ -109,29 +101,39 @@ func (d *ProcessDaemon) Stop(ctx context.Context, name string) error {
 	if pid == 0 {
 		return nil
 	}
-	syscall.Kill(pid, syscall.SIGTERM)
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if !alive(pid) {
-			os.Remove(d.Layout.Instance(name).DaemonPID)
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	// The supervisor's process group holds the filter process too.
-	syscall.Kill(-pid, syscall.SIGKILL)
-	os.Remove(d.Layout.Instance(name).DaemonPID)
-	return nil
+	return stopSupervisor(ctx, pid, d.Layout.Instance(name).DaemonPID)
 }
 
 // PID implements DaemonControl: the supervisor's pid if it is alive and
 // really is this instance's supervisor (pids are reused).
 func (d *ProcessDaemon) PID(name string) int {
-	b, err := os.ReadFile(d.Layout.Instance(name).DaemonPID)
+	return supervisorPID(d.Layout.Instance(name).DaemonPID, "daemon", name)
+}
+
+// launchSupervisor starts `EXE KIND supervise NAME` detached (its own
+// session, so it outlives the abox command that started it), its output
+// appended to logPath.
+func launchSupervisor(l paths.Layout, exe, kind, name, logPath string) (*exec.Cmd, error) {
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening %s: %w", logPath, err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(exe, kind, "supervise", name)
+	cmd.Env = append(os.Environ(), paths.EnvHome+"="+l.Root)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return cmd, nil
+}
+
+// supervisorPID reads a supervisor's pid file and returns the pid if that
+// process is alive and really is `abox KIND supervise NAME` (pids are
+// reused).
+func supervisorPID(pidFile, kind, name string) int {
+	b, err := os.ReadFile(pidFile)
 	if err != nil {
 		return 0
 	}
@@ -140,10 +142,32 @@ func (d *ProcessDaemon) PID(name string) int {
 		return 0
 	}
 	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil || !bytes.Contains(cmdline, []byte("daemon\x00supervise\x00"+name+"\x00")) {
+	if err != nil || !bytes.Contains(cmdline, []byte(kind+"\x00supervise\x00"+name+"\x00")) {
 		return 0
 	}
 	return pid
+}
+
+// stopSupervisor asks a supervisor to stop (it stops its child), waits up
+// to 10s, then kills its whole process group.
+func stopSupervisor(ctx context.Context, pid int, pidFile string) error {
+	syscall.Kill(pid, syscall.SIGTERM)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if !alive(pid) {
+			os.Remove(pidFile)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	// The supervisor's process group holds the child too.
+	syscall.Kill(-pid, syscall.SIGKILL)
+	os.Remove(pidFile)
+	return nil
 }
 
 func alive(pid int) bool {

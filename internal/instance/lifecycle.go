@@ -61,6 +61,10 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 		return err
 	}
 	if state.Active() && m.Daemon.PID(name) != 0 {
+		if st.Monitor && m.Monitor != nil && m.Monitor.PID(name) == 0 {
+			m.startMonitor(ctx, st)
+			return nil
+		}
 		return fmt.Errorf("starting %s: already running (state %s)", name, state)
 	}
 	// The network, the packet filter and the domain are (re)defined from
@@ -89,6 +93,7 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 		if err := m.Daemon.Start(ctx, st); err != nil {
 			return fmt.Errorf("starting %s: filter daemon: %w", name, err)
 		}
+		m.startMonitor(ctx, st)
 		return nil
 	}
 	var undo undoStack
@@ -135,6 +140,8 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 		m.progress("starting %s: %v (status will not show the boot time)", name, err)
 	}
 	m.resumeAccess(ctx, name)
+	// After the domain: libvirt binds the channel's socket when it starts it.
+	m.startMonitor(ctx, st)
 	return nil
 }
 
@@ -174,6 +181,17 @@ func (m *Manager) resumeAccess(ctx context.Context, name string) {
 	}
 	if err := m.Access.Resume(ctx, name); err != nil {
 		m.progress("warning: starting %s: forwards: %v", name, err)
+	}
+}
+
+// startMonitor starts the host-side monitor of a monitored instance. A
+// failure is a warning: the instance runs normally without its monitor.
+func (m *Manager) startMonitor(ctx context.Context, st State) {
+	if !st.Monitor || m.Monitor == nil {
+		return
+	}
+	if err := m.Monitor.Start(ctx, st); err != nil {
+		m.progress("warning: %s runs without its monitor: %v (abox start %s retries)", st.Name, err, st.Name)
 	}
 }
 
@@ -235,6 +253,11 @@ func (m *Manager) stopLocked(ctx context.Context, name string, o StopOptions) er
 					return fmt.Errorf("stopping %s: the guest did not shut down within %s (use --force to power it off): %w", name, o.Timeout, err)
 				}
 			}
+		}
+	}
+	if m.Monitor != nil {
+		if err := m.Monitor.Stop(ctx, name); err != nil {
+			m.progress("warning: stopping the monitor of %s: %v", name, err)
 		}
 	}
 	if err := m.Daemon.Stop(ctx, name); err != nil {

@@ -68,8 +68,10 @@ type Manager struct {
 	Images     Images
 	Run        Runner
 	Daemon     DaemonControl
-	Seeds      SeedWriter
-	Log        *slog.Logger
+	// Monitor runs monitored instances' host-side monitor; nil disables it.
+	Monitor MonitorControl
+	Seeds   SeedWriter
+	Log     *slog.Logger
 	// Progress receives human progress lines (stderr); optional.
 	Progress io.Writer
 	// Pool is the address pool instance /24s are taken from.

@@ -75,6 +75,9 @@ type State struct {
 	// file with its USER:PASSWORD, read at every filter start.
 	UpstreamProxy            string `json:"upstream_proxy,omitempty"`
 	UpstreamProxyCredentials string `json:"upstream_proxy_credentials,omitempty"`
+	// Monitor: the guest has the runtime monitor's channel and forwarder,
+	// and start runs the host-side monitor process.
+	Monitor bool `json:"monitor,omitempty"`
 	// Template is a user domain template that replaces the hardened domain.
 	Template string `json:"template,omitempty"`
 	// Kernel boot of the base image, copied at create so the instance does

@@ -103,6 +103,10 @@ func BuildDomain(p Params) (*libvirtxml.Domain, error) {
 		},
 	}
 
+	if p.MonitorSocket != "" {
+		d.Devices.Channels = []libvirtxml.DomainChannel{MonitorChannelDevice(p.MonitorSocket)}
+	}
+
 	switch p.Accel {
 	case AccelKVM:
 		d.Type = "kvm"
@@ -129,6 +133,20 @@ func BuildDomain(p Params) (*libvirtxml.Domain, error) {
 		d.OS.BootDevices = []libvirtxml.DomainBootDevice{{Dev: "hd"}}
 	}
 	return d, nil
+}
+
+// MonitorChannel is the virtio-serial port name the guest's monitor
+// forwarder writes to (/dev/virtio-ports/MonitorChannel in the guest).
+const MonitorChannel = "org.abox.monitor.0"
+
+// MonitorChannelDevice is the runtime monitor's channel: a virtio-serial
+// port whose host end is a unix socket that libvirt binds at path. The guest
+// can only write bytes into it; the host side reads them as untrusted.
+func MonitorChannelDevice(path string) libvirtxml.DomainChannel {
+	return libvirtxml.DomainChannel{
+		Source: &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind", Path: path}},
+		Target: &libvirtxml.DomainChannelTarget{VirtIO: &libvirtxml.DomainChannelTargetVirtIO{Name: MonitorChannel}},
+	}
 }
 
 // DomainXML is BuildDomain marshalled to libvirt's XML.

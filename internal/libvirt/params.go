@@ -60,6 +60,11 @@ type Params struct {
 	// subdirectory, and the libvirt hook finds the instance by it.
 	InstanceDir string
 
+	// MonitorSocket, optional, is the host end of the runtime monitor's
+	// virtio-serial channel (MonitorChannel): a unix socket libvirt binds,
+	// in the instance's run/ directory, which only root may enter.
+	MonitorSocket string
+
 	// Optional direct kernel boot: Kernel set means boot it instead of
 	// the disk's boot loader; Initrd and Cmdline are then optional too.
 	Kernel  string
@@ -128,6 +133,7 @@ func (p Params) Validate() error {
 		{"kernel path", p.Kernel, true},
 		{"initrd path", p.Initrd, true},
 		{"instance dir", p.InstanceDir, true},
+		{"monitor socket", p.MonitorSocket, true},
 	} {
 		if f.path == "" && f.optional {
 			continue

@@ -83,6 +83,14 @@ type Instance struct {
 	APISocket  string
 	DaemonPID  string // the supervisor's pid
 	Lock       string
+	// Runtime monitor (instances created with --monitor): the channel's
+	// host socket (bound by libvirt), the normalised event log, the status
+	// file, the monitor supervisor's pid and the monitor's diagnostics.
+	MonitorSocket string
+	MonitorLog    string
+	MonitorStatus string
+	MonitorPID    string
+	MonitorDaemon string
 	// TapLock is held shared by every running tap (the last one turns the
 	// TLS key log off).
 	TapLock string
@@ -112,7 +120,13 @@ func (l Layout) Instance(name string) Instance {
 		APISocket:  filepath.Join(run, "api.sock"),
 		DaemonPID:  filepath.Join(run, "daemon.pid"),
 		Lock:       filepath.Join(dir, ".lock"),
-		TapLock:    filepath.Join(run, "tap.lock"),
+
+		MonitorSocket: filepath.Join(run, "monitor.sock"),
+		MonitorLog:    filepath.Join(logs, "monitor.log"),
+		MonitorStatus: filepath.Join(run, "monitor.json"),
+		MonitorPID:    filepath.Join(run, "monitor.pid"),
+		MonitorDaemon: filepath.Join(logs, "monitor-daemon.log"),
+		TapLock:       filepath.Join(run, "tap.lock"),
 	}
 }
 
