@@ -68,12 +68,13 @@ func TestDrift(t *testing.T) {
 	st.Template = "<domain type='kvm'/>"
 	st.NoMITM = true
 	st.Ports = []uint16{80, 443, 8443}
+	st.Monitor = true
 	got, _ = drift(p, st)
 	var keys []string
 	for _, d := range got {
 		keys = append(keys, d.Key)
 	}
-	if strings.Join(keys, " ") != "cpus ports mitm.enabled overrides.libvirt.template" {
+	if strings.Join(keys, " ") != "cpus monitor.enabled ports mitm.enabled overrides.libvirt.template" {
 		t.Errorf("drift keys = %q", keys)
 	}
 }
@@ -128,7 +129,6 @@ func TestUpRefusesBeforeMakingAnything(t *testing.T) {
 	for _, tc := range []struct{ yaml, want string }{
 		{"version: 1\nname: dev\nallow_private: [10.0.0.0/8]\n", "not trusted"},
 		{"version: 1\nname: dev\nmitm: {enabled: false}\n", "mitm.enabled: turns TLS interception off"},
-		{"version: 1\nname: dev\nmonitor: {enabled: true}\n", "monitor.enabled"},
 	} {
 		p := loadProject(t, tc.yaml, map[string]string{})
 		_, err := Up(context.Background(), d, p, UpOptions{})

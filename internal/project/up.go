@@ -65,9 +65,6 @@ func Up(ctx context.Context, d Deps, p *config.Project, o UpOptions) (Report, er
 	if err := d.Trust.Check(p); err != nil {
 		return rep, err
 	}
-	if p.Monitor {
-		return rep, fmt.Errorf("%s: monitor.enabled: the runtime monitor is %w; remove the key or set it false", p.Path, ErrUnsupported)
-	}
 	allow, err := desiredAllowlist(p)
 	if err != nil {
 		return rep, err
@@ -225,7 +222,7 @@ func create(ctx context.Context, d Deps, p *config.Project, allow []string) (ins
 	spec := instance.Spec{
 		Name: p.Name, Base: p.Base, CPUs: p.CPUs, MemoryMiB: p.MemoryMiB, DiskGiB: p.DiskGiB,
 		User: instance.DefaultUser, Accel: p.Accel, Upstreams: p.Upstreams, AllowPrivate: p.AllowPrivate,
-		NoMITM: p.NoMITM, MITMExceptions: p.MITMExceptions, Ports: p.Ports,
+		NoMITM: p.NoMITM, MITMExceptions: p.MITMExceptions, Ports: p.Ports, Monitor: p.Monitor,
 	}
 	if p.UpstreamProxy != nil {
 		spec.UpstreamProxy = p.UpstreamProxy.String()
@@ -280,6 +277,7 @@ func drift(p *config.Project, st instance.State) ([]Drift, error) {
 	differ("cpus", fmt.Sprint(p.CPUs), fmt.Sprint(st.CPUs))
 	differ("memory", fmt.Sprint(p.MemoryMiB), fmt.Sprint(st.MemoryMiB))
 	differ("disk", fmt.Sprint(p.DiskGiB), fmt.Sprint(st.DiskGiB))
+	differ("monitor.enabled", fmt.Sprint(p.Monitor), fmt.Sprint(st.Monitor))
 	if p.Accel != "auto" {
 		differ("accel", p.Accel, st.Accel)
 	}
