@@ -175,6 +175,36 @@ func caFiles(c Config) ([]fileSpec, error) {
 	return out, nil
 }
 
+// toolConfigs point the guest tools that read no proxy variable (or not
+// the system CA) at the proxy u and the CA bundle.
+func toolConfigs(u string) []fileSpec {
+	return []fileSpec{
+		{Path: "/etc/apt/apt.conf.d/90abox-proxy", Owner: "root:root", Permissions: "0644", Content: fmt.Sprintf(
+			"Acquire::http::Proxy \"%s\";\nAcquire::https::Proxy \"%s\";\n", u, u)},
+		{Path: "/etc/pip.conf", Owner: "root:root", Permissions: "0644", Content: fmt.Sprintf(
+			"[global]\nproxy = %s\ncert = %s\n", u, systemCABundle)},
+		{Path: "/etc/npmrc", Owner: "root:root", Permissions: "0644", Content: fmt.Sprintf(
+			"proxy=%s\nhttps-proxy=%s\ncafile=%s\n", u, u, systemCABundle)},
+		{Path: "/etc/gitconfig", Owner: "root:root", Permissions: "0644", Content: fmt.Sprintf(
+			"[http]\n\tproxy = %s\n\tsslCAInfo = %s\n", u, systemCABundle)},
+	}
+}
+
+// ProxySettings names what the seed sets so that the guest's tools use the
+// proxy at proxyURL: the files that must still mention it (the shells'
+// profile and PAM environment, apt, pip, npm, git) and the variables every
+// session must have (proxy, CA and JVM settings). doctor checks each.
+func ProxySettings(proxyURL string) (files, variables []string) {
+	files = []string{"/etc/profile.d/abox-proxy.sh", "/etc/environment"}
+	for _, f := range toolConfigs(proxyURL) {
+		files = append(files, f.Path)
+	}
+	for _, kv := range proxyEnv(Config{}) {
+		variables = append(variables, kv[0])
+	}
+	return files, variables
+}
+
 // proxyEnv is the environment every shell and service should see. The
 // healthcheck domain is not in no_proxy on purpose: it is answered by the
 // proxy itself.
@@ -241,16 +271,9 @@ func UserData(c Config) ([]byte, error) {
 			{Path: "/etc/profile.d/abox-proxy.sh", Owner: "root:root", Permissions: "0644", Content: profile.String()},
 			// Appended: images may already set PATH or locale here.
 			{Path: "/etc/environment", Owner: "root:root", Permissions: "0644", Append: true, Content: environment.String()},
-			{Path: "/etc/apt/apt.conf.d/90abox-proxy", Owner: "root:root", Permissions: "0644", Content: fmt.Sprintf(
-				"Acquire::http::Proxy \"%s\";\nAcquire::https::Proxy \"%s\";\n", u, u)},
-			{Path: "/etc/pip.conf", Owner: "root:root", Permissions: "0644", Content: fmt.Sprintf(
-				"[global]\nproxy = %s\ncert = %s\n", u, systemCABundle)},
-			{Path: "/etc/npmrc", Owner: "root:root", Permissions: "0644", Content: fmt.Sprintf(
-				"proxy=%s\nhttps-proxy=%s\ncafile=%s\n", u, u, systemCABundle)},
-			{Path: "/etc/gitconfig", Owner: "root:root", Permissions: "0644", Content: fmt.Sprintf(
-				"[http]\n\tproxy = %s\n\tsslCAInfo = %s\n", u, systemCABundle)},
 		},
 	}
+	ud.WriteFiles = append(ud.WriteFiles, toolConfigs(u)...)
 	cas, err := caFiles(c)
 	if err != nil {
 		return nil, fmt.Errorf("encoding user-data: %w", err)

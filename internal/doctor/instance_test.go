@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -213,6 +215,8 @@ func TestGuestProbes(t *testing.T) {
 			return 9, ";; connection timed out; no servers could be reached"
 		case strings.HasPrefix(p.name, "ping"):
 			return 1, "1 packets transmitted, 0 received"
+		case strings.HasPrefix(p.name, "guest tools"):
+			return 0, "missing:"
 		}
 		return 28, "curl: (28) Connection timed out"
 	}
@@ -247,6 +251,13 @@ func TestGuestProbes(t *testing.T) {
 			}
 			return fmt.Sprintf("%d\t%d\t%s", j, rc, o)
 		})
+		if strings.HasPrefix(p.name, "guest tools") {
+			// Not an isolation failure: a warning naming the tool.
+			if f := failures(r); len(f) != 0 || r.Checks[i].Status != Warn {
+				t.Errorf("tools not set: failures %q, status %s", f, r.Checks[i].Status)
+			}
+			continue
+		}
 		if f := failures(r); len(f) != 1 || f[0] != "guest/"+p.name {
 			t.Errorf("leaking %q: failures %q", p.name, f)
 		}
@@ -267,5 +278,27 @@ func TestGuestProbes(t *testing.T) {
 	guestProbes(context.Background(), in, true, &rr)
 	if f := failures(rr); len(f) != 1 || f[0] != "guest/ssh" {
 		t.Errorf("ssh down: failures %q", f)
+	}
+}
+
+// TestToolsProbeInARealShell runs the guest-tools probe in sh against files
+// that do and do not mention the proxy, with one variable unset.
+func TestToolsProbeInARealShell(t *testing.T) {
+	dir := t.TempDir()
+	px := "http://10.10.0.1:28128"
+	good := filepath.Join(dir, "npmrc")
+	bad := filepath.Join(dir, "pip.conf")
+	os.WriteFile(good, []byte("proxy="+px+"\n"), 0o600)
+	os.WriteFile(bad, []byte("[global]\nproxy = http://elsewhere:3128\n"), 0o600)
+	cmd := exec.Command("sh", "-c", toolsProbe(px, []string{good, bad, filepath.Join(dir, "gone")}, []string{"ABOX_T_SET", "ABOX_T_UNSET"}))
+	cmd.Env = append(os.Environ(), "ABOX_T_SET=x")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	got := strings.Fields(strings.TrimPrefix(strings.TrimSpace(string(out)), "missing:"))
+	want := []string{bad, filepath.Join(dir, "gone"), "$ABOX_T_UNSET"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("probe reports %q, want %q", got, want)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/cloudinit"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
 )
@@ -154,6 +155,21 @@ func probes(in Instance, passive bool) []probe {
 			fix: "the packet filter lets DNS to other servers out: abox restart " + st.Name,
 		},
 	}
+	files, vars := cloudinit.ProxySettings(px)
+	ps = append(ps, probe{
+		name: "guest tools set for the proxy",
+		cmd:  toolsProbe(px, files, vars),
+		judge: func(rc int, out string) (Status, string) {
+			missing := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(out), "missing:"))
+			if rc == 0 && strings.HasPrefix(strings.TrimSpace(out), "missing:") && missing == "" {
+				return Pass, "shells, apt, pip, npm, git, cargo, the JVM and Node point at " + px + " and the instance CA"
+			}
+			// Isolation holds either way (a tool without the proxy reaches
+			// nothing), but that tool will not work.
+			return Warn, "not set up for the proxy: " + firstLines(out, 1)
+		},
+		fix: "the seed wrote these on first boot; restore them from a new instance (abox create) or set them by hand to " + px,
+	})
 	for _, p := range gatewayPorts {
 		if p == int(st.ProxyPort) {
 			continue
@@ -169,6 +185,22 @@ func probes(in Instance, passive bool) []probe {
 		})
 	}
 	return ps
+}
+
+// toolsProbe prints "missing:" followed by every file that no longer
+// mentions the proxy and every variable the session lacks.
+func toolsProbe(px string, files, vars []string) string {
+	var b strings.Builder
+	b.WriteString("m=; for f in")
+	for _, f := range files {
+		b.WriteString(" " + shellQuote(f))
+	}
+	b.WriteString("; do grep -qsF -- " + shellQuote(px) + ` "$f" || m="$m $f"; done; for v in`)
+	for _, v := range vars {
+		b.WriteString(" " + v)
+	}
+	b.WriteString(`; do eval "x=\${$v-}"; [ -n "$x" ] || m="$m \$$v"; done; echo "missing:$m"`)
+	return b.String()
 }
 
 // privateProbe is an RFC 1918 address that the instance has not allowed.
