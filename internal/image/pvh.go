@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 )
 
@@ -55,6 +56,10 @@ func pvhKernel(ctx context.Context, run Runner, path string) ([]byte, error) {
 			return nil, err
 		}
 		if vmlinux, err = run.Run(ctx, "xz", "-dc", "--single-stream", tmp.Name()); err != nil {
+			if errors.Is(err, exec.ErrNotFound) {
+				// Debian always has xz-utils; elsewhere boot the bzImage.
+				return nil, fmt.Errorf("%w: xz is not installed to unpack the kernel (apt-get install xz-utils)", errNoPVH)
+			}
 			return nil, fmt.Errorf("unpacking the kernel: %w", err)
 		}
 	case bytes.HasPrefix(payload, []byte{0x1f, 0x8b}):
