@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
 // TestMonitorForwarder runs the real forwarder with python3 against a file
@@ -15,10 +17,7 @@ import (
 // whole lines written to the export file after it started, drops an
 // oversized one, and follows a rotation.
 func TestMonitorForwarder(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 not installed")
-	}
+	py := need.Program(t, "python3")
 	dir := t.TempDir()
 	script := filepath.Join(dir, "fwd.py")
 	os.WriteFile(script, []byte(monitorForwarder), 0o755)

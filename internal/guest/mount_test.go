@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
 // sftpServer is the real sftp-server (openssh-sftp-server, installed by
@@ -18,9 +20,7 @@ const sftpServer = "/usr/lib/openssh/sftp-server"
 // absolute path or by "..", neither read nor overwrite it, and a guest
 // executable cannot run on the host.
 func TestMountKeepsGuestFilesInert(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting FUSE needs root here")
-	}
+	need.Root(t, "mounting FUSE")
 	for _, tool := range []string{"sshfs", "fusermount3", sftpServer} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s missing (scripts/host-deps.sh installs sshfs and openssh-sftp-server): %v", tool, err)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
 // limitsLab is a host namespace with a bridge (the gateway on it, another
@@ -30,9 +32,7 @@ const (
 
 func newLimitsLab(t *testing.T) *limitsLab {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	need.Root(t, "network namespaces and iptables")
 	for _, tool := range []string{"ip", "iptables", "ip6tables", "python3", "sysctl"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("%s not installed", tool)

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
 // secret is what a hostile image tries to copy out of a host file.
@@ -18,9 +20,7 @@ const secret = "HOST-SECRET-7f3a91 root:$6$hash:19000:0:99999:7:::"
 
 func needQemuImg(t *testing.T) {
 	t.Helper()
-	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("qemu-img not installed")
-	}
+	need.Program(t, "qemu-img")
 }
 
 func qemuImg(t *testing.T, args ...string) {

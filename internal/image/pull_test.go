@@ -17,6 +17,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/cli"
 	"github.com/abox-dev/abox/internal/image"
+	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
 // These tests drive `abox base pull` through cli.Main against a local
@@ -27,9 +28,7 @@ import (
 // qcow2 returns the bytes of a small real qcow2 made by qemu-img.
 func qcow2(t *testing.T) []byte {
 	t.Helper()
-	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("qemu-img not installed")
-	}
+	need.Program(t, "qemu-img")
 	f := filepath.Join(t.TempDir(), "x.qcow2")
 	if out, err := exec.Command("qemu-img", "create", "-f", "qcow2", f, "16M").CombinedOutput(); err != nil {
 		t.Fatalf("qemu-img create: %v: %s", err, out)

@@ -10,6 +10,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
 // minimalELF is an ELF64 executable with one PT_NOTE segment holding one
@@ -114,12 +116,7 @@ func TestPVHKernel(t *testing.T) {
 		})
 	}
 	t.Run("xz payload through xz(1)", func(t *testing.T) {
-		if _, err := exec.LookPath("xz"); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatal("xz not installed; the image build needs it to unpack Debian's kernel")
-			}
-			t.Skip("xz not installed")
-		}
+		need.Program(t, "xz")
 		cmd := exec.Command("xz", "-c", "--check=crc32")
 		cmd.Stdin = bytes.NewReader(withPVH)
 		x, err := cmd.Output()

@@ -8,12 +8,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
 func TestValidateName(t *testing.T) {
@@ -348,9 +349,7 @@ func TestPull(t *testing.T) {
 // TestImportRealQemuImg runs the real qemu-img when the host has it: the
 // fake above cannot prove that the arguments suit the real tool.
 func TestImportRealQemuImg(t *testing.T) {
-	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Skip("qemu-img not installed")
-	}
+	need.Program(t, "qemu-img")
 	ctx := context.Background()
 	raw := filepath.Join(t.TempDir(), "disk.raw")
 	if err := os.WriteFile(raw, make([]byte, 1<<20), 0o644); err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/paths"
 	"github.com/abox-dev/abox/internal/testutil/fakedns"
+	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
 // TestMain lets the test binary stand in for the abox binary: ProcessDaemon
@@ -93,9 +94,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // filter process dies with its supervisor. Status says "up" only when the
 // API answers.
 func TestSupervisorHoldsSocketsAcrossRestarts(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("binds port 53: needs root")
-	}
+	need.Root(t, "binds port 53")
 	up := fakedns.StartT(t).Add("allowed.example.com. 60 IN A 93.184.215.14")
 	root, err := os.MkdirTemp("", "abox-sv")
 	if err != nil {

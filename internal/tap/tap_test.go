@@ -5,13 +5,14 @@ import (
 	"context"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
 func TestArgs(t *testing.T) {
@@ -44,12 +45,8 @@ func TestArgs(t *testing.T) {
 // TestRunWritesPcap runs the real tcpdump on loopback: the capture file is
 // 0600, holds the packets, and a context cancel ends the capture cleanly.
 func TestRunWritesPcap(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("tcpdump needs root")
-	}
-	if _, err := exec.LookPath("tcpdump"); err != nil {
-		t.Skip("tcpdump not installed")
-	}
+	need.Root(t, "tcpdump")
+	need.Program(t, "tcpdump")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
