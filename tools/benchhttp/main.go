@@ -352,6 +352,9 @@ func (e *env) start() (func(), error) {
 		DecisionLog:    dlog,
 		Decisions:      lines,
 		MaxConns:       4 * e.o.tunnels,
+		// One load generator is one client: the per-guest request rate
+		// limit would measure itself, not the proxy.
+		RequestRate: -1,
 	})
 	if err != nil {
 		return nil, err
