@@ -17,6 +17,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/paths"
+	"github.com/abox-dev/abox/internal/supervise"
 )
 
 const forwardsFile = "forwards.json"
@@ -345,34 +346,15 @@ func RunForward(ctx context.Context, t Target, f Forward, log io.Writer) error {
 	if err != nil {
 		return err
 	}
-	backoff := 500 * time.Millisecond
-	for {
-		started := time.Now()
-		cmd := exec.Command(ssh, args...)
-		cmd.Stdout, cmd.Stderr = log, log
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-ctx.Done():
-			cmd.Process.Signal(syscall.SIGTERM)
-			<-done
-			return nil
-		case err := <-done:
-			fmt.Fprintf(log, "%s forward %s: ssh exited (%v); retrying in %s\n", time.Now().UTC().Format(time.RFC3339), f.Describe(), err, backoff)
-		}
-		if time.Since(started) > 30*time.Second {
-			backoff = 500 * time.Millisecond
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 10*time.Second)
-	}
+	return supervise.Run(ctx, supervise.Config{
+		Argv:       append([]string{ssh}, args...),
+		Env:        os.Environ(),
+		Log:        log,
+		What:       "ssh",
+		Attrs:      map[string]string{"forward": f.Describe()},
+		MinBackoff: 500 * time.Millisecond,
+		MaxBackoff: 10 * time.Second,
+	})
 }
 
 // Resume starts every recorded forward of a started instance (without

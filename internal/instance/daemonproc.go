@@ -17,6 +17,7 @@ import (
 	"github.com/abox-dev/abox/internal/daemon"
 	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/paths"
+	"github.com/abox-dev/abox/internal/supervise"
 )
 
 // ProcessDaemon runs each instance's filters as a detached supervisor
@@ -223,65 +224,28 @@ func Supervise(ctx context.Context, l paths.Layout, exe, name string, log io.Wri
 		return err
 	}
 	defer os.Remove(f.DaemonPID)
-	backoff := 200 * time.Millisecond
-	for {
-		started := time.Now()
-		done, stop, err := startChild(l, exe, name, socks, log)
-		if err != nil {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			stop()
-			return nil
-		case err := <-done:
-			fmt.Fprintf(log, "{\"time\":%q,\"level\":\"ERROR\",\"msg\":\"filters exited; restarting\",\"instance\":%q,\"error\":%q,\"backoff\":%q}\n",
-				time.Now().UTC().Format(time.RFC3339Nano), name, fmt.Sprint(err), backoff.String())
-		}
-		if time.Since(started) > 30*time.Second {
-			backoff = 200 * time.Millisecond
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
-}
-
-// startChild starts one filter process on socks. done yields its exit;
-// stop asks it to end (SIGTERM, then SIGKILL after 8s) and waits.
-func startChild(l paths.Layout, exe, name string, socks *daemon.Sockets, log io.Writer) (done <-chan error, stop func(), err error) {
-	files, env, err := socks.Files()
-	if err != nil {
-		return nil, nil, err
-	}
-	defer func() {
-		for _, f := range files {
-			f.Close()
-		}
-	}()
-	cmd := exec.Command(exe, "daemon", "run", name)
-	cmd.Env = append(os.Environ(), paths.EnvHome+"="+l.Root, env)
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.ExtraFiles = files
-	// The child must not outlive the supervisor: an orphan would keep
-	// serving with nobody restarting or stopping it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, nil, fmt.Errorf("starting filters: %w", err)
-	}
-	ch := make(chan error, 1)
-	go func() { ch <- cmd.Wait() }()
-	stop = func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-ch:
-		case <-time.After(8 * time.Second):
-			cmd.Process.Kill()
-			<-ch
-		}
-	}
-	return ch, stop, nil
+	return supervise.Run(ctx, supervise.Config{
+		Argv:  []string{exe, "daemon", "run", name},
+		Env:   append(os.Environ(), paths.EnvHome+"="+l.Root),
+		Log:   log,
+		What:  "filters",
+		Attrs: map[string]string{"instance": name},
+		// Each child gets the supervisor's sockets.
+		Prepare: func(cmd *exec.Cmd) (func(), error) {
+			files, env, err := socks.Files()
+			if err != nil {
+				return nil, err
+			}
+			cmd.Env = append(cmd.Env, env)
+			cmd.ExtraFiles = files
+			return func() {
+				for _, f := range files {
+					f.Close()
+				}
+			}, nil
+		},
+		// The child must not outlive the supervisor: an orphan would keep
+		// serving with nobody restarting or stopping it.
+		DieWithParent: true,
+	})
 }

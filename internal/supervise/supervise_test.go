@@ -3,10 +3,15 @@ package supervise
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -52,5 +57,66 @@ func TestRestartsAndStops(t *testing.T) {
 	}
 	if strings.Count(log.String(), "child exited; restarting") != 2 {
 		t.Errorf("log = %s", log.String())
+	}
+}
+
+// TestPrepareAndRestartLine: Prepare runs before every start and its
+// release after it; the restart line is JSON carrying the attributes, and an
+// attribute cannot overwrite the line's own fields.
+func TestPrepareAndRestartLine(t *testing.T) {
+	var log syncBuf
+	var prepared, released atomic.Int32
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Config{
+			Argv: []string{"sh", "-c", `echo "$MARK"; exit 3`}, Log: &log, What: "child",
+			Attrs: map[string]string{"instance": "dev", "msg": "forged"},
+			Prepare: func(cmd *exec.Cmd) (func(), error) {
+				prepared.Add(1)
+				cmd.Env = append(cmd.Env, "MARK=prepared")
+				return func() { released.Add(1) }, nil
+			},
+			MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
+		})
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for prepared.Load() < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if prepared.Load() < 3 || released.Load() != prepared.Load() {
+		t.Fatalf("prepared %d, released %d", prepared.Load(), released.Load())
+	}
+	var lines int
+	for _, l := range strings.Split(log.String(), "\n") {
+		if l == "prepared" || l == "" {
+			continue
+		}
+		var rec map[string]string
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Fatalf("restart line %q: %v", l, err)
+		}
+		if rec["msg"] != "child exited; restarting" || rec["instance"] != "dev" || !strings.Contains(rec["error"], "exit status 3") {
+			t.Errorf("restart line %q", l)
+		}
+		lines++
+	}
+	if lines < 2 || !strings.Contains(log.String(), "prepared\n") {
+		t.Errorf("log = %s", log.String())
+	}
+}
+
+// TestPrepareErrorStops: a child that cannot be prepared is not started.
+func TestPrepareErrorStops(t *testing.T) {
+	err := Run(context.Background(), Config{
+		Argv: []string{"true"}, Log: io.Discard, What: "child",
+		Prepare: func(*exec.Cmd) (func(), error) { return nil, errors.New("no sockets") },
+	})
+	if err == nil || !strings.Contains(err.Error(), "preparing child: no sockets") {
+		t.Fatalf("err = %v", err)
 	}
 }
