@@ -211,6 +211,10 @@ s.send(arp(1, '` + hs.GuestIP.String() + `', gw))
 		}
 	})
 
+	t.Run("the DNS and HTTP filters alone: no nwfilter, no host chains, no libvirt chains", func(t *testing.T) {
+		s.filtersAlone(t, hs, fw)
+	})
+
 	t.Run("the nwfilter alone: no host chains, no libvirt chains, forwarding on", func(t *testing.T) {
 		// Pause the guard (the supervisor; the filter process serves on),
 		// take abox's chains and libvirt's reject rules away: only the
