@@ -24,6 +24,9 @@ set -eu
 #   sshfs                             `abox mount` (guest directories on the host over the instance's SSH)
 #   openssh-sftp-server               the real sftp-server the mount hardening test talks to (no daemon)
 #   ca-certificates curl              pulling images and test clients
+#   gpgv                              `abox base pull` checks a distribution's signed checksum file
+#                                     against a keyring on the host (never a key from the server)
+#   gpg gpg-agent                     the pull tests make throwaway signing keys with them
 PACKAGES="
 qemu-system-x86
 qemu-utils
@@ -46,6 +49,9 @@ sshfs
 openssh-sftp-server
 ca-certificates
 curl
+gpgv
+gpg
+gpg-agent
 "
 
 log() { printf 'host-deps: %s\n' "$*" >&2; }

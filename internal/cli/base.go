@@ -98,6 +98,8 @@ func newBaseCmd(e *env) *cobra.Command {
 	var pullOpts struct {
 		sha256, sha512 string // explicit checksum of the URL form
 		mirror         string // replaces the catalogue's upstream URL prefix
+		keyring        string // replaces a signed entry's keyring
+		unsigned       bool   // a signed entry's checksum file taken without its signature
 		list, json     bool
 	}
 	pull := &cobra.Command{
@@ -111,7 +113,14 @@ func newBaseCmd(e *env) *cobra.Command {
   abox base pull --list                      the catalogue
 
 --mirror (or $` + image.EnvMirror + `) replaces the upstream URL prefix shown by
---list, so a local server that copies the upstream layout can stand in.`,
+--list, so a local server that copies the upstream layout can stand in.
+
+Where the distribution signs its checksum file (SIGNED in --list), abox checks
+the signature with gpgv against the keyring on this host, never against a key
+from the server, before it downloads the image; a missing or bad signature, or
+a missing keyring, is refused. --keyring FILE names another keyring holding
+the signer's key; --unsigned takes the checksum file on its https transfer
+alone. abox base list says which bases were signature-checked.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if pullOpts.list {
 				return exactArgs(0, "no arguments with --list")(cmd, args)
@@ -144,9 +153,13 @@ func newBaseCmd(e *env) *cobra.Command {
 					return writeJSON(e.stdout, rows)
 				}
 				tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NAME\tCHECKSUM\tIMAGE\tDESCRIPTION")
+				fmt.Fprintln(tw, "NAME\tCHECKSUM\tSIGNED\tIMAGE\tDESCRIPTION")
 				for _, r := range rows {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Name, r.Algorithm, r.ImageURL, r.Description)
+					signed := "no"
+					if r.Signature != nil {
+						signed = "yes"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Name, r.Algorithm, signed, r.ImageURL, r.Description)
 				}
 				return tw.Flush()
 			}
@@ -170,13 +183,31 @@ func newBaseCmd(e *env) *cobra.Command {
 				if err != nil {
 					return usageError{err}
 				}
+				if pullOpts.keyring != "" && pullOpts.unsigned {
+					return usageError{errors.New("give one of --keyring and --unsigned, not both")}
+				}
+				if pullOpts.keyring != "" && entry.Signature == nil {
+					return usageError{fmt.Errorf("--keyring: %s has no signature to check (%s)", name, entry.Unsigned)}
+				}
 				verified = fmt.Sprintf("%s verified against %s", entry.Algorithm, sumsURL)
+				opts := image.CatalogPull{Mirror: mirror, Keyring: pullOpts.keyring, Unsigned: pullOpts.unsigned}
 				pullImage = func(s *image.Store) (image.Image, error) {
-					return s.PullCatalog(cmd.Context(), name, entry, mirror, progressPrinter(e.stderr))
+					img, err := s.PullCatalog(cmd.Context(), name, entry, opts, progressPrinter(e.stderr))
+					if err == nil {
+						if img.Signed {
+							verified += ", signed by " + img.SignedBy
+						} else {
+							verified += " (checksum not signature-checked)"
+						}
+					}
+					return img, err
 				}
 			} else {
 				if pullOpts.mirror != "" {
 					return usageError{errors.New("--mirror goes with a catalogue name, not a URL")}
+				}
+				if pullOpts.keyring != "" || pullOpts.unsigned {
+					return usageError{errors.New("--keyring and --unsigned go with a catalogue name; a URL is checked against the checksum you give")}
 				}
 				var want image.Checksum
 				var err error
@@ -213,6 +244,8 @@ func newBaseCmd(e *env) *cobra.Command {
 	pull.Flags().StringVar(&pullOpts.sha256, "sha256", "", "expected SHA-256 of the download from URL (hex)")
 	pull.Flags().StringVar(&pullOpts.sha512, "sha512", "", "expected SHA-512 of the download from URL (hex)")
 	pull.Flags().StringVar(&pullOpts.mirror, "mirror", "", "URL replacing the catalogue's upstream prefix (default $"+image.EnvMirror+")")
+	pull.Flags().StringVar(&pullOpts.keyring, "keyring", "", "keyring file holding the key that signs a catalogue entry's checksum file (default: the distribution's keyring path)")
+	pull.Flags().BoolVar(&pullOpts.unsigned, "unsigned", false, "accept a signed catalogue entry's checksum file without checking its signature")
 	pull.Flags().BoolVar(&pullOpts.list, "list", false, "print the catalogue")
 	pull.Flags().BoolVar(&pullOpts.json, "json", false, "with --list, print JSON")
 	var mirror, cacheDir, name string

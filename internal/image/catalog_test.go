@@ -190,7 +190,9 @@ func TestPullCatalog(t *testing.T) {
 			s := NewStore(t.TempDir(), &fakeRunner{}, srv.Client())
 			var stages []string
 			var done, total int64
-			img, err := s.PullCatalog(ctx, tt.name, entry, srv.URL+"/mirror/", func(stage string, d, tot int64) {
+			// Signatures are TestPullCatalogSignature's: here a signed
+			// entry is taken --unsigned.
+			img, err := s.PullCatalog(ctx, tt.name, entry, CatalogPull{Mirror: srv.URL + "/mirror/", Unsigned: entry.Signature != nil}, func(stage string, d, tot int64) {
 				if len(stages) == 0 || stages[len(stages)-1] != stage {
 					stages = append(stages, stage)
 				}
@@ -258,7 +260,7 @@ func TestPullCatalog(t *testing.T) {
 			}
 			run := &fakeRunner{}
 			s := NewStore(t.TempDir(), run, srv.Client())
-			_, err = s.PullCatalog(ctx, "debian-12", entry, srv.URL+"/mirror", nil)
+			_, err = s.PullCatalog(ctx, "debian-12", entry, CatalogPull{Mirror: srv.URL + "/mirror"}, nil)
 			for _, w := range tt.want {
 				if err == nil || !strings.Contains(err.Error(), w) {
 					t.Errorf("PullCatalog = %v, want error containing %q", err, w)

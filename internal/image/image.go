@@ -127,13 +127,18 @@ type Metadata struct {
 	SourceSHA256 string `json:"source_sha256,omitempty"`
 	// Verified says what vouched for the download ("" for an imported
 	// file or a build: see Verification).
-	Verified string    `json:"verified,omitempty"`
+	Verified string `json:"verified,omitempty"`
+	// Signed is true when the checksum the download was verified with
+	// came from a checksum file whose signature gpgv checked against a
+	// keyring on this host; SignedBy is the signing key's fingerprint.
+	Signed   bool      `json:"signed"`
+	SignedBy string    `json:"signed_by,omitempty"`
 	Created  time.Time `json:"created"`
 	Boot     *Boot     `json:"boot,omitempty"` // nil: the disk boots by itself
 }
 
 // Verification describes in one phrase what vouches for the image, for
-// listings: a signature is never claimed, since abox checks none yet.
+// listings; a signature is claimed only where one was checked (Signed).
 func (m Metadata) Verification() string {
 	switch {
 	case m.Verified != "":

@@ -78,10 +78,10 @@ func (s *Store) Pull(ctx context.Context, name, url, want string, progress Progr
 // done and total, then "import". A checksum mismatch, an HTTP error or a
 // cancelled context leaves nothing behind.
 func (s *Store) PullChecksum(ctx context.Context, name, url string, want Checksum, progress Progress) (Image, error) {
-	return s.pullChecksum(ctx, name, url, want, progress, string(want.Algorithm)+" given on the command line; no signature")
+	return s.pullChecksum(ctx, name, url, want, progress, string(want.Algorithm)+" given on the command line; no signature", "")
 }
 
-func (s *Store) pullChecksum(ctx context.Context, name, url string, want Checksum, progress Progress, verified string) (Image, error) {
+func (s *Store) pullChecksum(ctx context.Context, name, url string, want Checksum, progress Progress, verified, signedBy string) (Image, error) {
 	if err := ValidateName(name); err != nil {
 		return Image{}, err
 	}
@@ -113,7 +113,7 @@ func (s *Store) pullChecksum(ctx context.Context, name, url string, want Checksu
 		return Image{}, fmt.Errorf("pulling image %s: checksum mismatch for %s: expected %s %s, got %s", name, url, want.Algorithm, want.Hex, got)
 	}
 	progress.report("import", 0, 0)
-	img, err := s.Import(ctx, name, file, WithSource(url, sums[SHA256]), withVerified(verified))
+	img, err := s.Import(ctx, name, file, WithSource(url, sums[SHA256]), withVerified(verified, signedBy))
 	if err != nil {
 		return Image{}, fmt.Errorf("pulling image %s: %w", name, err)
 	}

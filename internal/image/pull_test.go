@@ -41,9 +41,9 @@ func qcow2(t *testing.T) []byte {
 }
 
 // serveMirror serves an upstream copy of debian-12 (SHA512SUMS) and
-// ubuntu-24.04 (SHA256SUMS) whose images are body and whose sums vouch for
-// vouched, under /m.
-func serveMirror(t *testing.T, body, vouched []byte) string {
+// ubuntu-24.04 (SHA256SUMS, signed by signer when it is not nil) whose
+// images are body and whose sums vouch for vouched, under /m.
+func serveMirror(t *testing.T, body, vouched []byte, signer *image.TestSigner) string {
 	t.Helper()
 	s512 := sha512.Sum512(vouched)
 	s256 := sha256.Sum256(vouched)
@@ -52,6 +52,9 @@ func serveMirror(t *testing.T, body, vouched []byte) string {
 		"/m/bookworm/latest/SHA512SUMS":                         []byte(hex.EncodeToString(s512[:]) + "  debian-12-genericcloud-amd64.qcow2\n"),
 		"/m/noble/current/noble-server-cloudimg-amd64.img":      body,
 		"/m/noble/current/SHA256SUMS":                           []byte(hex.EncodeToString(s256[:]) + " *noble-server-cloudimg-amd64.img\n"),
+	}
+	if signer != nil {
+		files["/m/noble/current/SHA256SUMS.gpg"] = signer.Sign(files["/m/noble/current/SHA256SUMS"])
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, ok := files[r.URL.Path]
@@ -93,7 +96,8 @@ func imagesIn(t *testing.T, home string) []string {
 
 func TestCLIBasePull(t *testing.T) {
 	disk := qcow2(t)
-	mirror := serveMirror(t, disk, disk)
+	signer := image.NewTestSigner(t, "abox test signer <signer@abox.invalid>")
+	mirror := serveMirror(t, disk, disk, signer)
 
 	t.Run("catalogue sha512 and sha256", func(t *testing.T) {
 		home := t.TempDir()
@@ -108,8 +112,8 @@ func TestCLIBasePull(t *testing.T) {
 			}
 		}
 		t.Setenv(image.EnvMirror, "http://127.0.0.1:1/unused")
-		code, _, stderr = abox(t, home, "base", "pull", "ubuntu-24.04", "--mirror", mirror)
-		if code != 0 || !strings.Contains(stderr, "sha256 verified") {
+		code, _, stderr = abox(t, home, "base", "pull", "ubuntu-24.04", "--mirror", mirror, "--keyring", signer.Keyring)
+		if code != 0 || !strings.Contains(stderr, "sha256 verified") || !strings.Contains(stderr, "signed by "+signer.Fingerprint) {
 			t.Fatalf("pull ubuntu-24.04 --mirror: exit %d, stderr:\n%s", code, stderr)
 		}
 		code, stdout, stderr := abox(t, home, "base", "list", "--json")
@@ -127,11 +131,17 @@ func TestCLIBasePull(t *testing.T) {
 		if imgs[0].VirtualSize != 16<<20 || imgs[0].SourceSHA256 != hex.EncodeToString(sum[:]) || imgs[0].Source != mirror+"/bookworm/latest/debian-12-genericcloud-amd64.qcow2" {
 			t.Errorf("debian-12 metadata = %+v, want 16 MiB, the mirror URL and the download's sha256", imgs[0].Metadata)
 		}
+		if imgs[0].Signed || !imgs[1].Signed || imgs[1].SignedBy != signer.Fingerprint {
+			t.Errorf("base list --json: debian-12 signed=%v, ubuntu-24.04 signed=%v by %q; want only ubuntu-24.04, by %s", imgs[0].Signed, imgs[1].Signed, imgs[1].SignedBy, signer.Fingerprint)
+		}
 		// base list says what vouched for each entry, and never claims a
 		// signature abox did not check.
 		code, stdout, _ = abox(t, home, "base", "list")
-		if code != 0 || !strings.Contains(stdout, "VERIFIED") || strings.Count(stdout, "(checksum file not signature-checked)") != 2 {
-			t.Errorf("base list = %d:\n%s\nwant both entries marked as verified by an unsigned checksum file", code, stdout)
+		lines := strings.Split(stdout, "\n")
+		if code != 0 || len(lines) < 3 || !strings.Contains(lines[0], "VERIFIED") ||
+			!strings.Contains(lines[1], "debian-12") || !strings.Contains(lines[1], "checksum not signature-checked: Debian publishes no signature") ||
+			!strings.Contains(lines[2], "ubuntu-24.04") || !strings.Contains(lines[2], "signature by "+signer.Fingerprint) || strings.Contains(lines[2], "not signature-checked") {
+			t.Errorf("base list = %d:\n%s\nwant debian-12 marked not signature-checked and ubuntu-24.04 signed", code, stdout)
 		}
 		code, _, stderr = abox(t, home, "base", "pull", "debian-12", "--mirror", mirror)
 		if code != 1 || !strings.Contains(stderr, "exists") {
@@ -141,7 +151,7 @@ func TestCLIBasePull(t *testing.T) {
 
 	t.Run("checksum mismatch leaves nothing", func(t *testing.T) {
 		home := t.TempDir()
-		bad := serveMirror(t, disk, []byte("something else"))
+		bad := serveMirror(t, disk, []byte("something else"), nil)
 		code, _, stderr := abox(t, home, "base", "pull", "debian-12", "--mirror", bad)
 		if code != 1 || !strings.Contains(stderr, "checksum mismatch") || !strings.Contains(stderr, "expected sha512") {
 			t.Errorf("exit %d, stderr %q; want 1 and a checksum mismatch", code, stderr)

@@ -92,6 +92,7 @@ type importConfig struct {
 	source       string // recorded instead of the file path
 	sourceSHA256 string
 	verified     string
+	signedBy     string // fingerprint of the key whose signature vouched for the checksum file
 }
 
 // WithDirectBoot imports a kernel and initrd (host paths, copied into the
@@ -100,8 +101,11 @@ func WithDirectBoot(kernel, initrd, cmdline string) ImportOption {
 	return func(c *importConfig) { c.boot = &Boot{Kernel: kernel, Initrd: initrd, Cmdline: cmdline} }
 }
 
-// withVerified records what vouched for a download.
-func withVerified(v string) ImportOption { return func(c *importConfig) { c.verified = v } }
+// withVerified records what vouched for a download, and the fingerprint
+// of the key that signed its checksum file ("" when nothing was signed).
+func withVerified(v, signedBy string) ImportOption {
+	return func(c *importConfig) { c.verified, c.signedBy = v, signedBy }
+}
 
 // WithSource records where the image came from instead of the file path.
 func WithSource(source, sha256 string) ImportOption {
@@ -181,6 +185,8 @@ func (s *Store) Import(ctx context.Context, name, file string, opts ...ImportOpt
 		Source:       abs,
 		SourceSHA256: cfg.sourceSHA256,
 		Verified:     cfg.verified,
+		Signed:       cfg.signedBy != "",
+		SignedBy:     cfg.signedBy,
 		Created:      s.now().UTC(),
 	}
 	if cfg.source != "" {
