@@ -238,9 +238,6 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 				return Options{}, info, listenError{err}
 			}
 		}
-		if pc != nil {
-			pc = plainUDP(pc)
-		}
 		b.onClose(func() {
 			if pc != nil {
 				pc.Close()
@@ -353,21 +350,3 @@ type resolverComponent struct{ r *resolver.Resolver }
 
 func (resolverComponent) Name() string { return "resolver" }
 func (c resolverComponent) Stats() any { return c.r.Stats() }
-
-// boundPacketConn hides the *net.UDPConn of a socket bound to one address
-// from miekg/dns, which then reads and writes it with plain recvfrom and
-// sendto instead of recvmsg and sendmsg with a control message naming the
-// source address per datagram: a socket bound to one address answers from
-// it anyway, and the control messages cost a fifth of the server's time.
-type boundPacketConn struct{ net.PacketConn }
-
-// plainUDP wraps pc when it is bound to one address; a wildcard socket
-// keeps the per-datagram source address, so answers leave from the address
-// each query was sent to.
-func plainUDP(pc net.PacketConn) net.PacketConn {
-	ap, err := netip.ParseAddrPort(pc.LocalAddr().String())
-	if err != nil || ap.Addr().IsUnspecified() {
-		return pc
-	}
-	return boundPacketConn{pc}
-}

@@ -39,12 +39,8 @@ type entry struct {
 // upstream round trip.
 func (s *Server) resolve(ctx context.Context, name string, qtype uint16, do bool) (*entry, bool, time.Duration, error) {
 	k := cacheKey{name: name, qtype: qtype, do: do}
-	now := s.now()
-	if s.cache != nil {
-		if e := s.cache.get(k, now); e != nil {
-			s.st.cacheHits.Add(1)
-			return e, true, 0, nil
-		}
+	if e := s.cached(k); e != nil {
+		return e, true, 0, nil
 	}
 	type result struct {
 		e   *entry
@@ -84,6 +80,18 @@ func (s *Server) resolve(ctx context.Context, name string, qtype uint16, do bool
 	}
 	res := v.(result)
 	return res.e, false, res.rtt, nil
+}
+
+// cached returns the live cache entry of k, or nil.
+func (s *Server) cached(k cacheKey) *entry {
+	if s.cache == nil {
+		return nil
+	}
+	e := s.cache.get(k, s.now())
+	if e != nil {
+		s.st.cacheHits.Add(1)
+	}
+	return e
 }
 
 // buildQuery is the only message the upstream ever sees: our name (already

@@ -65,7 +65,29 @@ func (s *Server) Handle(ctx context.Context, client netip.Addr, network string, 
 		return nil
 	}
 	s.st.queries.Add(1)
-	resp, d := s.decide(ctx, client, req)
+	resp, d, p := s.decide(ctx, client, req)
+	if p != nil {
+		resp, d = s.finish(ctx, req, p, d)
+	}
+	return s.conclude(client, network, req, resp, d)
+}
+
+// handleNow is Handle for the batched UDP path: a query whose answer must
+// wait on the upstream is returned pending instead of waited for.
+func (s *Server) handleNow(ctx context.Context, client netip.Addr, req *dns.Msg) (*dns.Msg, *udpPending) {
+	if req.Response {
+		return nil, nil
+	}
+	s.st.queries.Add(1)
+	resp, d, p := s.decide(ctx, client, req)
+	if p != nil {
+		return nil, &udpPending{req: req, client: client, d: d, p: p}
+	}
+	return s.conclude(client, "udp", req, resp, d), nil
+}
+
+// conclude sets TC when resp does not fit the client and logs the decision.
+func (s *Server) conclude(client netip.Addr, network string, req, resp *dns.Msg, d decision) *dns.Msg {
 	if d.reason == ReasonRateLimited {
 		// decide logged it, sparingly.
 		return resp
@@ -77,8 +99,18 @@ func (s *Server) Handle(ctx context.Context, client netip.Addr, network string, 
 	return resp
 }
 
-// decide runs the decision path. Every branch returns a complete response.
-func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*dns.Msg, decision) {
+// pending is an allowed query whose answer is not in the cache.
+type pending struct {
+	name  string
+	qtype uint16
+	opt   *dns.OPT
+	rule  string
+}
+
+// decide runs the decision path. Every branch returns a complete response,
+// except an allowed query the cache cannot answer: that one is returned
+// pending, for finish.
+func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*dns.Msg, decision, *pending) {
 	var d decision
 	if len(req.Question) == 1 {
 		d.name, d.qtype = strings.TrimSuffix(req.Question[0].Name, "."), req.Question[0].Qtype
@@ -91,9 +123,36 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 				s.log.LogAttrs(ctx, slog.LevelWarn, "dns rate limit exceeded; further refusals for this client are not logged for a while",
 					slog.String("client", client.String()), slog.String("reason", ReasonRateLimited))
 			}
-			return refusal(req, dns.RcodeRefused, dns.ExtendedErrorCodeProhibited, ReasonRateLimited), d
+			return refusal(req, dns.RcodeRefused, dns.ExtendedErrorCodeProhibited, ReasonRateLimited), d, nil
 		}
 	}
+	resp, d := s.checkQuery(req, d)
+	if resp != nil {
+		return resp, d, nil
+	}
+	n, q := d.name, req.Question[0]
+	pd := s.pol.DecideNormalized(n)
+	d.verdict, d.reason, d.rule = pd.Verdict, pd.Reason, pd.Rule
+	if pd.Verdict != allowlist.Allow {
+		s.st.blocked.Add(1)
+		d.rcode = dns.RcodeNameError
+		return blocked(req, pd), d, nil
+	}
+
+	// Allowed: from the cache, else pending on the upstream.
+	opt, _ := queryOPT(req)
+	do := opt != nil && opt.Do()
+	if e := s.cached(cacheKey{name: n, qtype: q.Qtype, do: do}); e != nil {
+		d.cached = true
+		resp, d := s.answer(req, opt, e, pd.Rule, d)
+		return resp, d, nil
+	}
+	return nil, d, &pending{name: n, qtype: q.Qtype, opt: opt, rule: pd.Rule}
+}
+
+// checkQuery runs the protocol checks of req and names the query. It returns a
+// response when req is refused, answered locally or its name is invalid.
+func (s *Server) checkQuery(req *dns.Msg, d decision) (*dns.Msg, decision) {
 	// Header and sections. The upstream only ever sees a query we build, so
 	// these checks are about answering honestly and logging the attempt.
 	if len(req.Question) != 1 {
@@ -160,17 +219,13 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonPrivateReverse, dns.RcodeNameError
 		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonPrivateReverse}), d
 	}
-	pd := s.pol.DecideNormalized(n)
-	d.verdict, d.reason, d.rule = pd.Verdict, pd.Reason, pd.Rule
-	if pd.Verdict != allowlist.Allow {
-		s.st.blocked.Add(1)
-		d.rcode = dns.RcodeNameError
-		return blocked(req, pd), d
-	}
+	return nil, d
+}
 
-	// Allowed: resolve (cache or upstream), then answer from the checked entry.
-	do := opt != nil && opt.Do()
-	e, cached, rtt, err := s.resolve(ctx, n, q.Qtype, do)
+// finish resolves a pending query through the upstream and answers it
+// under the policy in force once the answer is in.
+func (s *Server) finish(ctx context.Context, req *dns.Msg, p *pending, d decision) (*dns.Msg, decision) {
+	e, cached, rtt, err := s.resolve(ctx, p.name, p.qtype, p.opt != nil && p.opt.Do())
 	d.cached, d.rtt = cached, rtt
 	if err != nil {
 		d.err = err
@@ -185,17 +240,23 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 		// The policy may have changed while the upstream answered (an entry
 		// removed, a switch to active mode): the answer goes out under the
 		// policy in force now, never the one the query started under.
-		if now := policy.Evaluate(s.pol.List(), s.pol.Mode(), n); now.Verdict != allowlist.Allow {
+		if now := policy.Evaluate(s.pol.List(), s.pol.Mode(), p.name); now.Verdict != allowlist.Allow {
 			s.st.blocked.Add(1)
 			d.verdict, d.reason, d.rule, d.rcode = now.Verdict, now.Reason, now.Rule, dns.RcodeNameError
 			return blocked(req, now), d
 		}
 	}
+	return s.answer(req, p.opt, e, p.rule, d)
+}
+
+// answer answers an allowed query from its checked entry: NXDOMAIN when
+// the upstream's answer held an address the guest may not be given.
+func (s *Server) answer(req *dns.Msg, opt *dns.OPT, e *entry, rule string, d decision) (*dns.Msg, decision) {
 	if e.blockClass != "" {
 		s.st.blocked.Add(1)
 		s.st.rebinding.Add(1)
 		d.verdict, d.reason, d.class, d.rcode = allowlist.Block, ReasonRebinding, string(e.blockClass), dns.RcodeNameError
-		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonRebinding, Rule: pd.Rule}), d
+		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonRebinding, Rule: rule}), d
 	}
 	s.st.allowed.Add(1)
 	d.rcode = e.rcode

@@ -104,6 +104,8 @@ type harnessOptions struct {
 	upstreams []string
 	tweak     func(*dnsfilter.Config)
 	watch     bool
+	// listen is the address to serve on; 127.0.0.1:0 when empty.
+	listen string
 }
 
 type harness struct {
@@ -203,7 +205,10 @@ func start(t *testing.T, o harnessOptions) *harness {
 	for _, p := range o.permitHost {
 		permitHost = append(permitHost, netip.MustParsePrefix(p))
 	}
-	pc, ln, err := dnsfilter.Listen("127.0.0.1:0")
+	if o.listen == "" {
+		o.listen = "127.0.0.1:0"
+	}
+	pc, ln, err := dnsfilter.Listen(o.listen)
 	if err != nil {
 		t.Fatalf("Listen: %v", err)
 	}

@@ -212,7 +212,15 @@ func (s *Server) Addr() net.Addr {
 func (s *Server) Serve(ctx context.Context) error {
 	s.base.Store(&ctx)
 	var servers []*dns.Server
-	if s.pc != nil {
+	g, gctx := errgroup.WithContext(ctx)
+	if c, bc, ok := batchable(s.pc); ok {
+		g.Go(func() error {
+			if err := s.serveUDP(gctx, c, bc); err != nil && gctx.Err() == nil {
+				return fmt.Errorf("serving dns: %w", err)
+			}
+			return nil
+		})
+	} else if s.pc != nil {
 		servers = append(servers, &dns.Server{PacketConn: s.pc, Handler: s, MsgAcceptFunc: s.acceptQuery, MsgInvalidFunc: s.invalid, UDPSize: dns.MaxMsgSize})
 	}
 	if s.ln != nil {
@@ -220,7 +228,6 @@ func (s *Server) Serve(ctx context.Context) error {
 			ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, MaxTCPQueries: 256,
 			IdleTimeout: func() time.Duration { return 10 * time.Second }})
 	}
-	g, gctx := errgroup.WithContext(ctx)
 	for _, srv := range servers {
 		started := make(chan struct{})
 		srv.NotifyStartedFunc = func() { close(started) }
