@@ -14,6 +14,7 @@ import (
 	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/project"
+	"github.com/abox-dev/abox/internal/termtext"
 	"github.com/abox-dev/abox/internal/validate"
 )
 
@@ -215,7 +216,7 @@ the project. Any change to the file asks again.`,
 			}
 			fmt.Fprintf(e.stderr, "trusting %s, which:\n", p.Path)
 			for _, w := range ws {
-				fmt.Fprintf(e.stderr, "  %s: %s\n", w.Key, w.Why)
+				fmt.Fprintf(e.stderr, "  %s: %s\n", w.Key, termtext.Clean(w.Why))
 			}
 			return ts.Trust(p)
 		},

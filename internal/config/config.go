@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/abox-dev/abox/internal/termtext"
 )
 
 // FileName is the file `abox up` looks for in the current directory.
@@ -269,7 +271,16 @@ func check(n *yaml.Node, t reflect.Type, path, source string, at0 map[string]pos
 		}
 		return nil
 	case reflect.String:
-		return scalar(n, "!!str", "a string", at)
+		if err := scalar(n, "!!str", "a string", at); err != nil {
+			return err
+		}
+		// Values reach the operator's terminal (the trust prompt names
+		// paths): an escape sequence in one could erase or rewrite the
+		// lines that list what the file widens.
+		if err := termtext.Check(n.Value); err != nil {
+			return at(n, "%q: %v; abox.yaml values are printable text", n.Value, err)
+		}
+		return nil
 	case reflect.Int:
 		return scalar(n, "!!int", "an integer", at)
 	case reflect.Bool:

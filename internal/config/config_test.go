@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 func parse(t *testing.T, src string) (Config, error) {
@@ -315,5 +316,55 @@ func TestTrust(t *testing.T) {
 	defer tp.Close()
 	if err := store.Check(tp); err != nil {
 		t.Errorf("a tightening file needs trust: %v", err)
+	}
+}
+
+// TestValuesArePrintable: no value of abox.yaml may carry what a terminal
+// acts on; the trust prompt prints paths, and an escape sequence in one
+// could erase the lines above it that list what the file widens.
+func TestValuesArePrintable(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"escape in a path", `overrides: {libvirt: {template: "t\e[1A\e[2K.xml"}}`, "overrides.libvirt.template: \"t\\x1b[1A\\x1b[2K.xml\": it holds the control character U+001B"},
+		{"OSC in a script name", `provision: {scripts: ["s\e]52;c;eA==\a.sh"]}`, "provision.scripts[0]"},
+		{"bidi override", "allowlist_file: \"a\u202etxt.sh\"", "U+202E"},
+		{"C1 control", `upstream_ca: "ca\u009b1A.pem"`, "U+009B"},
+		{"carriage return", `upstream_proxy: {url: "http://p:3128", credentials_file: "c\rports: none"}`, "U+000D"},
+		{"newline in a block scalar", "base: |\n  debian-12\n  x\n", "U+000A"},
+		{"in a list", `allowlist: ["a.example.com\e[8m"]`, "allowlist[0]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parse(t, "version: 1\nname: dev\n"+tc.yaml+"\n")
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "printable text") {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+			for _, r := range err.Error() {
+				if r == 0x1b || r == 0x9b || r == '\r' || r == 0x202e || r == 0x07 {
+					t.Errorf("the error itself carries %U: %q", r, err)
+				}
+			}
+		})
+	}
+}
+
+// TestFIFOAsTheFileIsRefused: an abox.yaml that is a named pipe is refused
+// at once instead of blocking `abox up` forever.
+func TestFIFOAsTheFileIsRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	mkfifo(path)
+	done := make(chan error, 1)
+	go func() {
+		p, err := Load(path)
+		if err == nil {
+			p.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("err = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Load blocked on a FIFO")
 	}
 }

@@ -31,7 +31,8 @@ func Load(path string) (*Project, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.Open(abs)
+	// O_NONBLOCK: an abox.yaml that is a FIFO must be refused, not hang.
+	f, err := os.OpenFile(abs, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}

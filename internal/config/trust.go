@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/fsutil"
+	"github.com/abox-dev/abox/internal/termtext"
 )
 
 // Widening is a setting that widens what the guest may reach, or replaces
@@ -132,7 +133,7 @@ func (e *UntrustedError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s widens the sandbox and this content is %s:", e.File, ErrUntrusted)
 	for _, w := range e.Widenings {
-		fmt.Fprintf(&b, "\n  %s: %s", w.Key, w.Why)
+		fmt.Fprintf(&b, "\n  %s: %s", w.Key, termtext.Clean(w.Why))
 	}
 	return b.String()
 }

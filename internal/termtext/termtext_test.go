@@ -1,0 +1,86 @@
+package termtext
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// hostile are the sequences a guest or a repository would print to take
+// over the operator's terminal.
+var hostile = []string{
+	"\x1b]0;pwned\x07",           // retitle
+	"\x1b]52;c;cm0gLXJmIH4K\x07", // OSC 52: write the clipboard
+	"\x1b[2K\x1b[1A",             // erase the line, cursor up
+	"\u009b31m",                  // 8-bit CSI, UTF-8 encoded
+	"\x9b31m",                    // 8-bit CSI, raw byte
+	"ok\rblocked",                // overwrite in place
+	"a\bb",                       // backspace
+	"\u202eexe.txt",              // right-to-left override
+	"\u2066x\u2069",              // isolates
+	"\x7f",                       // DEL
+	"\x1bP+q\x1b\\",              // DCS
+}
+
+func noControl(t *testing.T, what, got string, allowed string) {
+	t.Helper()
+	for _, r := range got {
+		if Unsafe(r) && !strings.ContainsRune(allowed, r) {
+			t.Errorf("%s: %q holds %U", what, got, r)
+		}
+	}
+	if strings.ContainsRune(got, 0xfffd) {
+		t.Errorf("%s: %q holds invalid UTF-8", what, got)
+	}
+}
+
+func TestCleanEscapesEverythingATerminalActsOn(t *testing.T) {
+	for _, s := range hostile {
+		got := Clean(s)
+		noControl(t, "Clean", got, "")
+		if Check(got) != nil {
+			t.Errorf("Clean(%q) = %q, still unsafe: %v", s, got, Check(got))
+		}
+		if Check(s) == nil {
+			t.Errorf("Check(%q) = nil", s)
+		}
+	}
+	if got := Clean("plain ünïcode, tabs\tand lines\n"); got != `plain ünïcode, tabs\tand lines\n` {
+		t.Errorf("Clean = %q", got)
+	}
+	if got := Clean("x\x1b]0;t\x07y"); got != `x\x1b]0;t\x07y` {
+		t.Errorf("Clean = %q", got)
+	}
+}
+
+func TestWriterKeepsLinesAndEscapesTheRest(t *testing.T) {
+	var b bytes.Buffer
+	w := NewWriter(&b)
+	for _, s := range hostile {
+		w.Write([]byte(s + "\n"))
+	}
+	w.Flush()
+	noControl(t, "Writer", b.String(), "\n")
+	if !strings.Contains(b.String(), "ok\nblocked\n") {
+		t.Errorf("a lone CR is not a new line: %q", b.String())
+	}
+
+	// CRLF is one newline; tabs stay; a rune split across writes survives.
+	b.Reset()
+	w = NewWriter(&b)
+	in := []byte("a\r\nb\tü\x1b[31mc\r")
+	for i := range in {
+		w.Write(in[i : i+1])
+	}
+	w.Flush()
+	if got, want := b.String(), "a\nb\tü\\x1b[31mc\n"; got != want {
+		t.Errorf("byte by byte: %q, want %q", got, want)
+	}
+	b.Reset()
+	w = NewWriter(&b)
+	w.Write([]byte("x\xc3"))
+	w.Flush()
+	if got := b.String(); got != `x\xc3` {
+		t.Errorf("truncated rune: %q", got)
+	}
+}
