@@ -85,6 +85,12 @@ can read and cut. Presets: ` + config.PresetNames() + `.`,
 			if err := fsutil.WriteFileAtomic(file, []byte(text), 0o644); err != nil {
 				return err
 			}
+			// The presets' names widen the allowlist; this content is
+			// abox's and asked for by the user, so it is trusted as
+			// written (any edit asks again).
+			if err := e.trustWritten(file); err != nil {
+				return err
+			}
 			fmt.Fprintf(e.stderr, "wrote %s (instance %s); bring it up with `abox up`\n", file, name)
 			return nil
 		},
@@ -94,6 +100,24 @@ can read and cut. Presets: ` + config.PresetNames() + `.`,
 	cmd.Flags().StringVarP(&file, "file", "f", config.FileName, "file to write")
 	cmd.Flags().BoolVar(&force, "force", false, "overwrite an existing file")
 	return cmd
+}
+
+// trustWritten records trust in the file init just wrote, when it widens
+// anything.
+func (e *env) trustWritten(file string) error {
+	p, err := config.Load(file)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	if len(p.Widenings()) == 0 {
+		return nil
+	}
+	ts, err := e.trustStore()
+	if err != nil {
+		return err
+	}
+	return ts.Trust(p)
 }
 
 func newUpCmd(e *env) *cobra.Command {

@@ -21,9 +21,26 @@ func TestInitWritesALoadableStarterOnce(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the starter does not load: %v", err)
 	}
-	p.Close()
+	defer p.Close()
 	if p.Name != "proj" || len(p.Allowlist) == 0 {
 		t.Errorf("starter: name %q, %d entries", p.Name, len(p.Allowlist))
+	}
+	// The presets widen the allowlist; init trusts what it wrote, and
+	// only that content.
+	ts := config.TrustStore{Dir: filepath.Join(l.Root, "trust")}
+	if err := ts.Check(p); err != nil {
+		t.Errorf("the file init wrote is not trusted: %v", err)
+	}
+	b, _ := os.ReadFile(file)
+	defer os.WriteFile(file, b, 0o644)
+	os.WriteFile(file, append(b, "# edited\n"...), 0o644)
+	if ep, err := config.Load(file); err != nil {
+		t.Fatal(err)
+	} else if err := ts.Check(ep); !errors.Is(err, config.ErrUntrusted) {
+		ep.Close()
+		t.Errorf("other content inherited init's trust: %v", err)
+	} else {
+		ep.Close()
 	}
 	before, _ := os.ReadFile(file)
 	if out, err := runCLI(l, "init", "-f", file); err == nil || !strings.Contains(out+err.Error(), "exists") {

@@ -99,7 +99,7 @@ forwards: ["8080:80", "5173:5173"]
 	for _, w := range c.Widenings() {
 		keys = append(keys, w.Key)
 	}
-	want := "overrides.libvirt.template allow_private ports mode mitm.enabled mitm.exceptions dns.upstreams upstream_proxy.url upstream_ca forwards"
+	want := "allowlist overrides.libvirt.template allow_private ports mode mitm.enabled mitm.exceptions dns.upstreams upstream_proxy.url upstream_ca forwards"
 	if strings.Join(keys, " ") != want {
 		t.Errorf("widenings = %q, want %q", keys, want)
 	}
@@ -118,12 +118,21 @@ func TestDefaultsAreHardened(t *testing.T) {
 		t.Errorf("defaults need trust: %v", w)
 	}
 	// Tightening or restating defaults needs no trust either.
-	c, err = parse(t, "version: 1\nname: dev\nports: [443]\nmode: active\nmitm: {enabled: true}\nallowlist: [api.example.com]\nprovision: {scripts: [a.sh]}\n")
+	c, err = parse(t, "version: 1\nname: dev\nports: [443]\nmode: active\nmitm: {enabled: true}\nallowlist: []\nprovision: {scripts: [a.sh]}\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if w := c.Widenings(); len(w) != 0 {
 		t.Errorf("tightening needs trust: %v", w)
+	}
+	// The default allowlist is empty: every entry is somewhere the guest
+	// could send what it holds.
+	c, err = parse(t, "version: 1\nname: dev\nallowlist: [api.example.com]\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := c.Widenings(); len(w) != 1 || w[0].Key != "allowlist" || !strings.Contains(w[0].Why, "api.example.com") {
+		t.Errorf("an allowlist entry needs no trust: %v", w)
 	}
 }
 
@@ -366,5 +375,50 @@ func TestFIFOAsTheFileIsRefused(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Load blocked on a FIFO")
+	}
+}
+
+// TestTrustCoversTheAllowlistAndWhatIsUsed: the allowlist file's content is
+// part of what is trusted, and a trusted file's content is read once: what
+// up uses is what was hashed, however the files change after Load (a
+// checkout under way, a directory a guest can write).
+func TestTrustCoversTheAllowlistAndWhatIsUsed(t *testing.T) {
+	store := TrustStore{Dir: filepath.Join(t.TempDir(), "trust")}
+	path := project(t, map[string]string{
+		FileName:    "version: 1\nname: dev\nallowlist_file: allow.txt\noverrides: {libvirt: {template: t.xml}}\n",
+		"allow.txt": "api.example.com\n",
+		"t.xml":     "<domain/>",
+	})
+	dir := filepath.Dir(path)
+	p, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := store.Check(p); !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "allowlist: lets the guest reach 1 name(s): api.example.com") {
+		t.Fatalf("an allowlist file needs no trust: %v", err)
+	}
+	if err := store.Trust(p); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "allow.txt"), []byte("api.example.com\nexfil.example.net\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "t.xml"), []byte("<domain type='kvm'><devices><filesystem/></devices></domain>"), 0o644)
+	if err := store.Check(p); err != nil {
+		t.Errorf("the loaded content lost its trust: %v", err)
+	}
+	if got := p.MergedAllowlist(); !reflect.DeepEqual(got, []string{"api.example.com"}) {
+		t.Errorf("allowlist used = %v, want what was trusted", got)
+	}
+	if b, err := p.ReadFile("overrides.libvirt.template", "t.xml"); err != nil || string(b) != "<domain/>" {
+		t.Errorf("template used = %q, %v; want what was trusted", b, err)
+	}
+	os.WriteFile(filepath.Join(dir, "t.xml"), []byte("<domain/>"), 0o644)
+	q, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	if err := store.Check(q); !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "exfil.example.net") {
+		t.Errorf("a changed allowlist file is still trusted: %v", err)
 	}
 }

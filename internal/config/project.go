@@ -1,12 +1,16 @@
 package config
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
+
+	"github.com/abox-dev/abox/internal/allowlist"
 )
 
 // MaxReferencedBytes bounds a file abox.yaml names (template, CA bundle,
@@ -23,6 +27,13 @@ type Project struct {
 	Doc  *Doc
 	Config
 	Root *os.Root
+	// snapshot holds what Load read of the files whose content is
+	// trusted (allowlist file, CA bundle, template), by project path:
+	// the content hashed for trust is the content used, however the
+	// files change afterwards.
+	snapshot map[string][]byte
+	// allowlist is the inline entries and the allowlist file's, merged.
+	allowlist []string
 }
 
 // Load reads, checks and validates the abox.yaml at path.
@@ -54,14 +65,22 @@ func Load(path string) (*Project, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Project{Path: abs, Dir: filepath.Dir(abs), Doc: d, Config: c, Root: root}
+	p := &Project{Path: abs, Dir: filepath.Dir(abs), Doc: d, Config: c, Root: root, snapshot: map[string][]byte{}}
 	// Every named file must exist and stay inside the project now, so
 	// that `up` fails before it makes anything.
 	for _, ref := range p.files() {
-		if _, err := p.ReadFile(ref.key, ref.path); err != nil {
+		b, err := p.ReadFile(ref.key, ref.path)
+		if err != nil {
 			root.Close()
 			return nil, err
 		}
+		if ref.trusted {
+			p.snapshot[ref.path] = b
+		}
+	}
+	if p.allowlist, err = p.mergeAllowlist(); err != nil {
+		root.Close()
+		return nil, err
 	}
 	if c.Overlay != "" {
 		fi, err := root.Stat(c.Overlay)
@@ -76,28 +95,72 @@ func Load(path string) (*Project, error) {
 // Close releases the project directory.
 func (p *Project) Close() error { return p.Root.Close() }
 
-type ref struct{ key, path string }
+type ref struct {
+	key, path string
+	// trusted: the content widens the sandbox, so it is part of what
+	// trust is given to, and read once.
+	trusted bool
+}
 
 // files are the regular files the configuration names, in a fixed order.
 func (p *Project) files() []ref {
 	var out []ref
-	add := func(key, path string) {
+	add := func(key, path string, trusted bool) {
 		if path != "" {
-			out = append(out, ref{key, path})
+			out = append(out, ref{key, path, trusted})
 		}
 	}
-	add("allowlist_file", p.AllowlistFile)
-	add("upstream_ca", p.UpstreamCA)
-	add("overrides.libvirt.template", p.Template)
+	add("allowlist_file", p.AllowlistFile, true)
+	add("upstream_ca", p.UpstreamCA, true)
+	add("overrides.libvirt.template", p.Template, true)
 	for i, s := range p.Scripts {
-		add(fmt.Sprintf("provision.scripts[%d]", i), s)
+		add(fmt.Sprintf("provision.scripts[%d]", i), s, false)
 	}
 	return out
 }
 
+// MergedAllowlist is the file's allowlist: the inline entries, then those of
+// allowlist_file not already named, normalised.
+func (p *Project) MergedAllowlist() []string { return slices.Clone(p.allowlist) }
+
+func (p *Project) mergeAllowlist() ([]string, error) {
+	seen := map[string]bool{}
+	var out []string
+	for _, e := range p.Config.Allowlist {
+		if !seen[e.String()] {
+			seen[e.String()] = true
+			out = append(out, e.String())
+		}
+	}
+	if p.AllowlistFile != "" {
+		b, err := p.ReadFile("allowlist_file", p.AllowlistFile)
+		if err != nil {
+			return nil, err
+		}
+		l, err := allowlist.Parse(bytes.NewReader(b), filepath.Join(p.Dir, p.AllowlistFile))
+		if err != nil {
+			return nil, p.Doc.errAt("allowlist_file", "%v", err)
+		}
+		if l.Len() > MaxEntries {
+			return nil, p.Doc.errAt("allowlist_file", "%d entries; at most %d", l.Len(), MaxEntries)
+		}
+		for _, e := range l.Entries() {
+			if !seen[e.String()] {
+				seen[e.String()] = true
+				out = append(out, e.String())
+			}
+		}
+	}
+	return out, nil
+}
+
 // ReadFile reads a file the configuration names at key, confined to the
-// project directory and bounded in size.
+// project directory and bounded in size. A file whose content is trusted
+// is the copy Load read.
 func (p *Project) ReadFile(key, rel string) ([]byte, error) {
+	if b, ok := p.snapshot[rel]; ok {
+		return slices.Clone(b), nil
+	}
 	// O_NONBLOCK: opening a FIFO the repository planted must not hang.
 	f, err := p.Root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {

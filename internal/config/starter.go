@@ -86,7 +86,8 @@ memory: 1024          # MiB
 disk: 10              # GiB
 accel: auto           # kvm, tcg or auto
 
-# Host names the guest may reach, through the DNS filter and the proxy.
+# Host names the guest may reach, through the DNS filter and the proxy
+# (trust: abox init trusts the entries it writes; an edit asks again).
 # "example.com" is exactly that name; "*.example.com" every name below it.
 %s
 # allowlist_file: allow.txt   # more entries, one per line, in this directory

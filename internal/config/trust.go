@@ -25,11 +25,30 @@ type Widening struct {
 }
 
 // Widenings lists what in c needs trust; empty means the file only
-// tightens or keeps the defaults.
+// tightens or keeps the defaults. The allowlist counted is the inline one;
+// Project.Widenings adds the allowlist file's.
 func (c Config) Widenings() []Widening {
+	var names []string
+	for _, e := range c.Allowlist {
+		names = append(names, e.String())
+	}
+	return c.widenings(names)
+}
+
+// Widenings lists what the file needs trust for, its allowlist file
+// included.
+func (p *Project) Widenings() []Widening { return p.Config.widenings(p.allowlist) }
+
+// widenings is Widenings with allow the file's whole allowlist. Every entry
+// widens: the default allowlist is empty, and a name on it is a place the
+// guest can send what it holds.
+func (c Config) widenings(allow []string) []Widening {
 	var out []Widening
 	add := func(key, format string, args ...any) {
 		out = append(out, Widening{Key: key, Why: fmt.Sprintf(format, args...)})
+	}
+	if len(allow) > 0 {
+		add("allowlist", "lets the guest reach %d name(s): %s", len(allow), strings.Join(allow, ", "))
 	}
 	if c.Template != "" {
 		add("overrides.libvirt.template", "replaces the hardened libvirt domain with %s", c.Template)
@@ -87,12 +106,13 @@ func (c Config) Widenings() []Widening {
 
 // TrustHash is what trust is given to: the file's absolute path, its exact
 // bytes and the content of the files it names whose content widens (the
-// template and the CA bundle). A change to any of them asks again.
+// allowlist file, the template and the CA bundle, as Load read them). A
+// change to any of them asks again.
 func (p *Project) TrustHash() (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "abox-trust-v1\x00%s\x00%d\x00", p.Path, len(p.Doc.Raw))
 	h.Write(p.Doc.Raw)
-	for _, r := range []ref{{"upstream_ca", p.UpstreamCA}, {"overrides.libvirt.template", p.Template}} {
+	for _, r := range []ref{{key: "allowlist_file", path: p.AllowlistFile}, {key: "upstream_ca", path: p.UpstreamCA}, {key: "overrides.libvirt.template", path: p.Template}} {
 		if r.path == "" {
 			continue
 		}

@@ -128,6 +128,7 @@ func TestUpRefusesBeforeMakingAnything(t *testing.T) {
 	d := Deps{Layout: l, Manager: &instance.Manager{Layout: l}, Trust: config.TrustStore{Dir: filepath.Join(l.Root, "trust")}, Out: io.Discard, Progress: io.Discard}
 	for _, tc := range []struct{ yaml, want string }{
 		{"version: 1\nname: dev\nallow_private: [10.0.0.0/8]\n", "not trusted"},
+		{"version: 1\nname: dev\nallowlist: [exfil.example.net]\n", "allowlist: lets the guest reach 1 name(s): exfil.example.net"},
 		{"version: 1\nname: dev\nmitm: {enabled: false}\n", "mitm.enabled: turns TLS interception off"},
 	} {
 		p := loadProject(t, tc.yaml, map[string]string{})

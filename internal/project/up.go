@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/config"
 	"github.com/abox-dev/abox/internal/guest"
 	"github.com/abox-dev/abox/internal/instance"
@@ -65,10 +64,7 @@ func Up(ctx context.Context, d Deps, p *config.Project, o UpOptions) (Report, er
 	if err := d.Trust.Check(p); err != nil {
 		return rep, err
 	}
-	allow, err := desiredAllowlist(p)
-	if err != nil {
-		return rep, err
-	}
+	allow := p.MergedAllowlist()
 	name := p.Name
 	st, err := instance.Load(d.Layout, name)
 	switch {
@@ -179,35 +175,6 @@ func Up(ctx context.Context, d Deps, p *config.Project, o UpOptions) (Report, er
 		d.progress("up %s: applied %s", name, a)
 	}
 	return rep, nil
-}
-
-// desiredAllowlist is the file's inline entries and allowlist_file, merged.
-func desiredAllowlist(p *config.Project) ([]string, error) {
-	seen := map[string]bool{}
-	var out []string
-	for _, e := range p.Allowlist {
-		if !seen[e.String()] {
-			seen[e.String()] = true
-			out = append(out, e.String())
-		}
-	}
-	if p.AllowlistFile != "" {
-		b, err := p.ReadFile("allowlist_file", p.AllowlistFile)
-		if err != nil {
-			return nil, err
-		}
-		l, err := allowlist.Parse(bytes.NewReader(b), p.AllowlistFile)
-		if err != nil {
-			return nil, fmt.Errorf("%s: allowlist_file: %w", p.Path, err)
-		}
-		for _, e := range l.Entries() {
-			if !seen[e.String()] {
-				seen[e.String()] = true
-				out = append(out, e.String())
-			}
-		}
-	}
-	return out, nil
 }
 
 // create makes the instance from the file. The files it names are read
