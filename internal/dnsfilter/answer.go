@@ -30,6 +30,13 @@ type entry struct {
 	// answer held; non-empty means the whole answer is blocked.
 	blockClass netclass.Class
 	blockAddr  netip.Addr
+	// addrs are every address the upstream answer held, stripped records'
+	// too: they are classified again each time the entry is used.
+	addrs []netip.Addr
+	// wire is the answer packed for a UDP client (see packed.go), nil when
+	// it does not fit one; ttls are the offsets of its records' TTLs.
+	wire []byte
+	ttls []uint16
 	// stored is when the entry was built; expires when it must be re-fetched.
 	stored, expires time.Time
 }
@@ -125,6 +132,7 @@ func (s *Server) check(name string, qtype uint16, r *dns.Msg, now time.Time) *en
 					e.expires = now.Add(time.Duration(s.clampTTL(rr.Header().Ttl)) * time.Second)
 					return e
 				}
+				e.addrs = append(e.addrs, a)
 			}
 		}
 	}
@@ -177,7 +185,23 @@ func (s *Server) check(name string, qtype uint16, r *dns.Msg, now time.Time) *en
 		ttl = s.minTTL
 	}
 	e.expires = now.Add(time.Duration(ttl) * time.Second)
+	e.pack(name, qtype)
 	return e
+}
+
+// forbidden returns the class of the first address of e the guest may not
+// be given now, or "". It runs on every use of the entry, cached or not:
+// the host's own addresses, which the classification depends on, change.
+func (s *Server) forbidden(e *entry) (netclass.Class, netip.Addr) {
+	if e.blockClass != "" {
+		return e.blockClass, e.blockAddr
+	}
+	for _, a := range e.addrs {
+		if c := s.addrs.Check(a); !netclass.Allowed(c) {
+			return c, a
+		}
+	}
+	return "", netip.Addr{}
 }
 
 func (s *Server) clampTTL(ttl uint32) uint32 { return min(max(ttl, s.minTTL), s.maxTTL) }

@@ -210,3 +210,67 @@ func FuzzHandleQuery(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDatagram feeds raw datagrams to the batched UDP path, twice each so
+// that the second is answered from the cache (packed): whatever comes
+// back is a response with the query's ID, parses, fits a UDP client,
+// echoes a single question as it was asked, and hands out no address the
+// guest may not be given.
+func FuzzDatagram(f *testing.F) {
+	for _, m := range []*dns.Msg{
+		query("example.com", dns.TypeA, 1232),
+		query("ExAmPle.CoM", dns.TypeA, 0),
+		query("www.example.com", dns.TypeHTTPS, 512),
+		query("private.example.com", dns.TypeA, 4096),
+		query("other.org", dns.TypeA, 0),
+		query("healthcheck.abox.local", dns.TypeA, 0),
+	} {
+		b, err := m.Pack()
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{0, 1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0})
+	srv, _, _, _ := newFuzzServer(f, nil)
+	client := netip.MustParseAddr("192.0.2.10")
+	f.Fuzz(func(t *testing.T, wire []byte) {
+		for range 2 {
+			b := srv.AnswerDatagram(context.Background(), wire, client)
+			if b == nil {
+				continue
+			}
+			resp := new(dns.Msg)
+			if err := resp.Unpack(b); err != nil {
+				t.Fatalf("answer does not parse: %v", err)
+			}
+			if !resp.Response || len(wire) < 2 || resp.Id != uint16(wire[0])<<8|uint16(wire[1]) {
+				t.Fatalf("answer is not a response to the query's ID: %v", resp.MsgHdr)
+			}
+			if len(b) > dnsfilter.MaxUDPSize {
+				t.Fatalf("UDP answer of %d bytes", len(b))
+			}
+			req := new(dns.Msg)
+			if req.Unpack(wire) == nil && len(req.Question) == 1 && resp.Rcode != dns.RcodeFormatError {
+				if len(resp.Question) != 1 || resp.Question[0] != req.Question[0] {
+					t.Fatalf("question %v answered as %v", req.Question, resp.Question)
+				}
+				if req.IsEdns0() == nil && len(b) > dns.MinMsgSize {
+					t.Fatalf("answer of %d bytes to a query without EDNS", len(b))
+				}
+			}
+			for _, sec := range [][]dns.RR{resp.Answer, resp.Extra} {
+				for _, rr := range sec {
+					a, ok := rr.(*dns.A)
+					if !ok {
+						continue
+					}
+					ip, _ := netip.AddrFromSlice(a.A)
+					if c := netclass.Classify(ip.Unmap()); c != netclass.Public && !strings.EqualFold(a.Hdr.Name, policy.HealthcheckName+".") {
+						t.Fatalf("answered %s with %s address %s", a.Hdr.Name, c, ip)
+					}
+				}
+			}
+		}
+	})
+}

@@ -72,18 +72,25 @@ func (s *Server) Handle(ctx context.Context, client netip.Addr, network string, 
 	return s.conclude(client, network, req, resp, d)
 }
 
-// handleNow is Handle for the batched UDP path: a query whose answer must
-// wait on the upstream is returned pending instead of waited for.
-func (s *Server) handleNow(ctx context.Context, client netip.Addr, req *dns.Msg) (*dns.Msg, *udpPending) {
+// handleNow is Handle for the batched UDP path: a cached answer is packed
+// into dst when it fits as it is (wire), and a query whose answer must wait
+// on the upstream is returned pending instead of waited for.
+func (s *Server) handleNow(ctx context.Context, client netip.Addr, req *dns.Msg, dst []byte) (resp *dns.Msg, wire []byte, up *udpPending) {
 	if req.Response {
-		return nil, nil
+		return nil, nil, nil
 	}
 	s.st.queries.Add(1)
 	resp, d, p := s.decide(ctx, client, req)
-	if p != nil {
-		return nil, &udpPending{req: req, client: client, d: d, p: p}
+	if p != nil && p.e == nil {
+		return nil, nil, &udpPending{req: req, client: client, d: d, p: p}
 	}
-	return s.conclude(client, "udp", req, resp, d), nil
+	if p != nil {
+		if resp, wire, d = s.answer(req, p.opt, p.e, p.rule, d, dst); wire != nil {
+			s.logDecision(client, d)
+			return nil, wire, nil
+		}
+	}
+	return s.conclude(client, "udp", req, resp, d), nil, nil
 }
 
 // conclude sets TC when resp does not fit the client and logs the decision.
@@ -99,12 +106,14 @@ func (s *Server) conclude(client netip.Addr, network string, req, resp *dns.Msg,
 	return resp
 }
 
-// pending is an allowed query whose answer is not in the cache.
+// pending is an allowed query: its cache entry, or nil when the answer
+// must come from the upstream.
 type pending struct {
 	name  string
 	qtype uint16
 	opt   *dns.OPT
 	rule  string
+	e     *entry
 }
 
 // decide runs the decision path. Every branch returns a complete response,
@@ -139,15 +148,14 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 		return blocked(req, pd), d, nil
 	}
 
-	// Allowed: from the cache, else pending on the upstream.
+	// Allowed: answered from the cache entry, or from the upstream.
 	opt, _ := queryOPT(req)
 	do := opt != nil && opt.Do()
-	if e := s.cached(cacheKey{name: n, qtype: q.Qtype, do: do}); e != nil {
+	p := &pending{name: n, qtype: q.Qtype, opt: opt, rule: pd.Rule}
+	if p.e = s.cached(cacheKey{name: n, qtype: q.Qtype, do: do}); p.e != nil {
 		d.cached = true
-		resp, d := s.answer(req, opt, e, pd.Rule, d)
-		return resp, d, nil
 	}
-	return nil, d, &pending{name: n, qtype: q.Qtype, opt: opt, rule: pd.Rule}
+	return nil, d, p
 }
 
 // checkQuery runs the protocol checks of req and names the query. It returns a
@@ -222,9 +230,13 @@ func (s *Server) checkQuery(req *dns.Msg, d decision) (*dns.Msg, decision) {
 	return nil, d
 }
 
-// finish resolves a pending query through the upstream and answers it
-// under the policy in force once the answer is in.
+// finish answers an allowed query from its cache entry or through the
+// upstream, then under the policy in force once the answer is in.
 func (s *Server) finish(ctx context.Context, req *dns.Msg, p *pending, d decision) (*dns.Msg, decision) {
+	if p.e != nil {
+		resp, _, d := s.answer(req, p.opt, p.e, p.rule, d, nil)
+		return resp, d
+	}
 	e, cached, rtt, err := s.resolve(ctx, p.name, p.qtype, p.opt != nil && p.opt.Do())
 	d.cached, d.rtt = cached, rtt
 	if err != nil {
@@ -246,21 +258,30 @@ func (s *Server) finish(ctx context.Context, req *dns.Msg, p *pending, d decisio
 			return blocked(req, now), d
 		}
 	}
-	return s.answer(req, p.opt, e, p.rule, d)
+	resp, _, d := s.answer(req, p.opt, e, p.rule, d, nil)
+	return resp, d
 }
 
 // answer answers an allowed query from its checked entry: NXDOMAIN when
-// the upstream's answer held an address the guest may not be given.
-func (s *Server) answer(req *dns.Msg, opt *dns.OPT, e *entry, rule string, d decision) (*dns.Msg, decision) {
-	if e.blockClass != "" {
+// the upstream's answer held an address the guest may not be given now.
+// With dst, an answer that fits a UDP client as it is comes back packed
+// into dst (wire) instead of as a message.
+func (s *Server) answer(req *dns.Msg, opt *dns.OPT, e *entry, rule string, d decision, dst []byte) (*dns.Msg, []byte, decision) {
+	if class, _ := s.forbidden(e); class != "" {
 		s.st.blocked.Add(1)
 		s.st.rebinding.Add(1)
-		d.verdict, d.reason, d.class, d.rcode = allowlist.Block, ReasonRebinding, string(e.blockClass), dns.RcodeNameError
-		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonRebinding, Rule: rule}), d
+		d.verdict, d.reason, d.class, d.rcode = allowlist.Block, ReasonRebinding, string(class), dns.RcodeNameError
+		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonRebinding, Rule: rule}), nil, d
 	}
 	s.st.allowed.Add(1)
 	d.rcode = e.rcode
-	return e.reply(req, opt, s.now()), d
+	now := s.now()
+	if dst != nil {
+		if b, ok := e.packedReply(dst, req, opt, now, maxSize(req, "udp")); ok {
+			return nil, b, d
+		}
+	}
+	return e.reply(req, opt, now), nil, d
 }
 
 // queryOPT returns the query's OPT record (nil without EDNS) and whether the

@@ -129,7 +129,7 @@ func (s *Server) readUDP(ctx context.Context, c *net.UDPConn, bc batchConn, pend
 				continue
 			}
 			from := ua.AddrPort()
-			resp, p := s.udpQuery(ctx, slots[i].in[:m.N], m.Flags&syscall.MSG_TRUNC != 0, from.Addr().Unmap())
+			resp, b, p := s.udpQuery(ctx, slots[i].in[:m.N], m.Flags&syscall.MSG_TRUNC != 0, from.Addr().Unmap(), slots[i].out)
 			if p != nil {
 				pending.Add(1)
 				go func() {
@@ -138,12 +138,14 @@ func (s *Server) readUDP(ctx context.Context, c *net.UDPConn, bc batchConn, pend
 				}()
 				continue
 			}
-			if resp == nil {
-				continue
+			if resp != nil {
+				var err error
+				if b, err = resp.PackBuffer(slots[i].out[:0]); err != nil {
+					s.st.writeErrors.Add(1)
+					continue
+				}
 			}
-			b, err := resp.PackBuffer(slots[i].out[:0])
-			if err != nil {
-				s.st.writeErrors.Add(1)
+			if b == nil {
 				continue
 			}
 			out = append(out, ipv4.Message{Buffers: [][]byte{b}, Addr: m.Addr})
@@ -192,10 +194,10 @@ func (s *Server) finishUDP(ctx context.Context, c *net.UDPConn, to netip.AddrPor
 // same accept function, FORMERR for what is rejected or does not parse,
 // nothing for a short datagram or a response) and answers it, unless it
 // must wait on the upstream: then the pending query is returned.
-func (s *Server) udpQuery(ctx context.Context, m []byte, cut bool, client netip.Addr) (*dns.Msg, *udpPending) {
+func (s *Server) udpQuery(ctx context.Context, m []byte, cut bool, client netip.Addr, dst []byte) (*dns.Msg, []byte, *udpPending) {
 	if len(m) < 12 {
 		s.invalid(m, dns.ErrShortRead)
-		return nil, nil
+		return nil, nil, nil
 	}
 	dh := dns.Header{
 		Id: binary.BigEndian.Uint16(m), Bits: binary.BigEndian.Uint16(m[2:]),
@@ -205,14 +207,14 @@ func (s *Server) udpQuery(ctx context.Context, m []byte, cut bool, client netip.
 	req := new(dns.Msg)
 	switch s.acceptQuery(dh) {
 	case dns.MsgIgnore:
-		return nil, nil
+		return nil, nil, nil
 	case dns.MsgAccept:
 		err := req.Unpack(m)
 		if err == nil && cut {
 			err = errCut
 		}
 		if err == nil {
-			return s.handleNow(ctx, client, req)
+			return s.handleNow(ctx, client, req, dst)
 		}
 		s.invalid(m, err)
 	default: // rejected: the header alone
@@ -221,7 +223,7 @@ func (s *Server) udpQuery(ctx context.Context, m []byte, cut bool, client netip.
 	req.SetRcodeFormatError(req)
 	req.Zero = false
 	req.Answer, req.Ns, req.Extra = nil, nil, nil
-	return req, nil
+	return req, nil, nil
 }
 
 var errCut = errors.New("datagram longer than " + strconv.Itoa(udpReadSize) + " bytes")
