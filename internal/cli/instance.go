@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/termtext"
 	"github.com/abox-dev/abox/internal/validate"
 )
 
@@ -125,7 +126,7 @@ func (w waitFlags) waitReady(cmd *cobra.Command, e *env, m *instance.Manager, na
 	fmt.Fprintf(e.stderr, "%s is ready: ssh answered %s and cloud-init finished %s after start; connect with `abox ssh %s`\n",
 		name, b.SSHAt.Sub(b.StartedAt).Round(100*time.Millisecond), b.ReadyAfter().Round(100*time.Millisecond), name)
 	if len(b.Errors) > 0 {
-		fmt.Fprintf(e.stderr, "warning: cloud-init reported errors in %s: %s\n", name, strings.Join(b.Errors, "; "))
+		fmt.Fprintf(e.stderr, "warning: cloud-init reported errors in %s: %s\n", name, termtext.Clean(strings.Join(b.Errors, "; ")))
 	}
 	if err := m.StartMonitorAgent(cmd.Context(), name); err != nil {
 		// The monitor never holds the instance back.
@@ -342,7 +343,7 @@ func describeBoot(b instance.Boot) string {
 	}
 	s := fmt.Sprintf("ready %s after start (ssh %s), started %s", b.ReadyAfter().Round(100*time.Millisecond), b.SSHAt.Sub(b.StartedAt).Round(100*time.Millisecond), b.StartedAt.Format(time.RFC3339))
 	if len(b.Errors) > 0 {
-		s += fmt.Sprintf("; cloud-init errors: %s", strings.Join(b.Errors, "; "))
+		s += fmt.Sprintf("; cloud-init errors: %s", termtext.Clean(strings.Join(b.Errors, "; ")))
 	}
 	return s
 }

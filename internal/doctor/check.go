@@ -8,6 +8,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/abox-dev/abox/internal/termtext"
 )
 
 // Status of one check.
@@ -87,17 +89,9 @@ func (r Report) Render(w io.Writer) {
 // oneLine keeps a detail on one terminal line and strips control
 // characters: details can quote what a hostile guest printed.
 func oneLine(s string) string {
-	s = strings.Map(func(r rune) rune {
-		switch {
-		case r == '\n' || r == '\t':
-			return ' '
-		case r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0):
-			return -1
-		}
-		return r
-	}, strings.TrimSpace(s))
+	s = termtext.Clean(strings.Join(strings.Fields(s), " "))
 	if len(s) > 300 {
-		s = s[:300] + "…"
+		s = strings.ToValidUTF8(s[:300], "") + "…"
 	}
 	return s
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/paths"
 	"github.com/abox-dev/abox/internal/supervise"
+	"github.com/abox-dev/abox/internal/termtext"
 )
 
 const forwardsFile = "forwards.json"
@@ -300,13 +301,15 @@ func (a Access) stopForward(ctx context.Context, name string, f Forward) {
 	syscall.Kill(-pid, syscall.SIGKILL)
 }
 
+// tail is the last line of a forward's log, safe for a terminal: ssh's
+// messages there can quote what the guest's sshd sent.
 func tail(path string) string {
 	b, _ := os.ReadFile(path)
 	b = bytes.TrimSpace(b)
 	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
 		b = b[i+1:]
 	}
-	return string(b)
+	return termtext.Clean(string(b))
 }
 
 // forwardArgs is ssh's command line for f. ClearAllForwardings would clear

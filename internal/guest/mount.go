@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/termtext"
 )
 
 const mountsFile = "mounts.json"
@@ -114,7 +115,7 @@ func (a Access) Mount(ctx context.Context, t Target, m Mount) error {
 		}
 		out, err := exec.CommandContext(ctx, sshfs, args...).CombinedOutput()
 		if err != nil {
-			return fmt.Errorf("mounting %s:%s on %s: sshfs: %w: %s", name, m.GuestPath, dir, err, strings.TrimSpace(string(out)))
+			return fmt.Errorf("mounting %s:%s on %s: sshfs: %w: %s", name, m.GuestPath, dir, err, termtext.Clean(strings.TrimSpace(string(out))))
 		}
 		if err := saveRecords(a.Layout, name, mountsFile, append(ms, m)); err != nil {
 			unmount(context.WithoutCancel(ctx), dir)

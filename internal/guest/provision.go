@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/abox-dev/abox/internal/cloudinit"
+	"github.com/abox-dev/abox/internal/termtext"
 )
 
 // Limits on what provisioning sends to a guest. A repository's abox.yaml
@@ -79,13 +80,19 @@ type Plan struct {
 
 // Provision runs the plan in the guest. Scripts run as root in / with the
 // proxy and CA environment the guest's shells have, their stdin closed and
-// their output streamed to stdout and stderr. The first failing script
-// stops the run with an *ExitError carrying its status.
+// their output streamed to stdout and stderr, made safe for a terminal
+// (the guest writes it: an escape sequence in it could retitle the
+// terminal, write its clipboard or overwrite what abox printed). The first
+// failing script stops the run with an *ExitError carrying its status.
 func Provision(ctx context.Context, t Target, p Plan, stdout, stderr io.Writer) error {
 	ssh, err := lookTool("ssh", "openssh-client")
 	if err != nil {
 		return err
 	}
+	out, errOut := termtext.NewWriter(stdout), termtext.NewWriter(stderr)
+	defer errOut.Flush()
+	defer out.Flush()
+	stdout, stderr = out, errOut
 	if p.Overlay != nil {
 		if err := copyOverlay(ctx, ssh, t, *p.Overlay, stderr); err != nil {
 			return err

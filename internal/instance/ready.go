@@ -12,11 +12,11 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/libvirt"
 	"github.com/abox-dev/abox/internal/paths"
+	"github.com/abox-dev/abox/internal/termtext"
 )
 
 // DefaultReadyTimeout bounds WaitReady when the caller gives none. A first
@@ -182,7 +182,7 @@ func (m *Manager) WaitReady(ctx context.Context, name string, timeout time.Durat
 				var res cloudInitResult
 				if jerr := json.Unmarshal(bytes.TrimSpace(out), &res); jerr == nil {
 					boot.ReadyAt = now
-					boot.Errors = res.V1.Errors
+					boot.Errors = guestErrors(res.V1.Errors)
 					if werr := writeBoot(m.Layout, name, boot); werr != nil {
 						return boot, werr
 					}
@@ -275,16 +275,30 @@ func tailLines(path string, n int) []string {
 	return lines
 }
 
-// printable drops control characters and invalid UTF-8 from guest text.
-func printable(s string) string {
-	s = strings.ToValidUTF8(s, "?")
-	return strings.Map(func(r rune) rune {
-		if r == '\t' {
-			return ' '
+// printable is guest text made safe for a terminal.
+func printable(s string) string { return termtext.Clean(s) }
+
+// Bounds on the cloud-init errors kept from a guest's result.json.
+const (
+	maxGuestErrors   = 20
+	maxGuestErrorLen = 500
+)
+
+// guestErrors keeps what cloud-init reported, as the guest wrote it into
+// result.json (so the guest's to choose): bounded in number and length,
+// and made safe for the terminal start and status print it on.
+func guestErrors(errs []string) []string {
+	var out []string
+	for i, e := range errs {
+		if i == maxGuestErrors {
+			out = append(out, fmt.Sprintf("(%d more)", len(errs)-i))
+			break
 		}
-		if unicode.IsControl(r) || r == '\u2028' || r == '\u2029' || unicode.Is(unicode.Bidi_Control, r) {
-			return -1
+		e = printable(e)
+		if len(e) > maxGuestErrorLen {
+			e = strings.ToValidUTF8(e[:maxGuestErrorLen], "") + "…"
 		}
-		return r
-	}, s)
+		out = append(out, e)
+	}
+	return out
 }

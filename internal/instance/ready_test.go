@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/termtext"
 )
 
 // sshScript answers the ready probe: the guest is unreachable for the first
@@ -77,7 +78,10 @@ func startedRig(t *testing.T) (*rig, *sshScript) {
 func TestWaitReadyWaitsForCloudInit(t *testing.T) {
 	r, s := startedRig(t)
 	s.down, s.booting = 1, 1
-	s.result = `{"v1": {"datasource": "DataSourceNoCloud", "errors": ["some module failed"]}}`
+	// result.json is the guest's to write: what it says reaches start's
+	// warning and status, so it is kept bounded and terminal-safe.
+	many := strings.Repeat(`"x",`, 40)
+	s.result = `{"v1": {"datasource": "DataSourceNoCloud", "errors": ["some module failed", "\u001b]52;c;cm0gLXJmIH4=\u0007\u001b[1A\u001b[2Kok \u202e", "` + strings.Repeat("y", 5000) + `", ` + many + `"z"]}}`
 	var progress strings.Builder
 	r.m.Progress = &progress
 	b, err := r.m.WaitReady(context.Background(), "dev", time.Minute)
@@ -93,8 +97,13 @@ func TestWaitReadyWaitsForCloudInit(t *testing.T) {
 	if b.SSHAt.IsZero() || b.ReadyAt.IsZero() || b.ReadyAt.Before(b.SSHAt) || b.SSHAt.Before(b.StartedAt) {
 		t.Errorf("boot = %+v: want started <= ssh <= ready", b)
 	}
-	if len(b.Errors) != 1 || b.Errors[0] != "some module failed" {
-		t.Errorf("errors = %q, want cloud-init's", b.Errors)
+	if len(b.Errors) != maxGuestErrors+1 || b.Errors[0] != "some module failed" || b.Errors[maxGuestErrors] != "(24 more)" {
+		t.Errorf("errors = %q, want cloud-init's, bounded", b.Errors)
+	}
+	for _, e := range b.Errors {
+		if termtext.Check(e) != nil || len(e) > maxGuestErrorLen+len("…") {
+			t.Errorf("kept error %q: %v, %d bytes", e, termtext.Check(e), len(e))
+		}
 	}
 	if !strings.Contains(progress.String(), "ssh answers") {
 		t.Errorf("progress = %q, want the SSH phase reported", progress.String())

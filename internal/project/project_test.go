@@ -89,6 +89,9 @@ func TestBlockedNamesTheFix(t *testing.T) {
 		{"http", decision{Verdict: "block", Reason: "not_allowlisted", Host: "files.pythonhosted.org", Port: 443}, Blocked{"http", "files.pythonhosted.org:443", "not_allowlisted", "allowlist: [files.pythonhosted.org]"}},
 		{"http", decision{Verdict: "block", Reason: "port_not_allowed", Host: "git.example.com", Port: 9418}, Blocked{"http", "git.example.com:9418", "port_not_allowed", "ports: [9418]"}},
 		{"http", decision{Verdict: "block", Reason: "private", Host: "10.0.0.5", Port: 80}, Blocked{"http", "10.0.0.5:80", "private", ""}},
+		// The guest names what it asks for; up prints it on the terminal.
+		{"http", decision{Verdict: "block", Reason: "invalid_name", Host: "x\x1b]0;pwned\x07\u202e", Port: 443}, Blocked{"http", `x\x1b]0;pwned\x07\u202e:443`, "invalid_name", ""}},
+		{"dns", decision{Verdict: "block", Reason: "not_allowlisted\x1b[2K", Name: "a\rb"}, Blocked{"dns", `a\rb`, `not_allowlisted\x1b[2K`, ""}},
 	} {
 		if got := blockedOf(tc.comp, tc.d); got != tc.want {
 			t.Errorf("blockedOf(%s, %+v) = %+v, want %+v", tc.comp, tc.d, got, tc.want)

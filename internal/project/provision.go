@@ -12,6 +12,7 @@ import (
 	"github.com/abox-dev/abox/internal/guest"
 	"github.com/abox-dev/abox/internal/httpfilter"
 	"github.com/abox-dev/abox/internal/policy"
+	"github.com/abox-dev/abox/internal/termtext"
 )
 
 // syncAllowlist makes the running instance's allowlist the file's: what is
@@ -139,13 +140,14 @@ func blockedSince(ctx context.Context, c *api.Client, marks map[string]uint64) (
 
 // blockedOf names the fix for one refusal: an allowlist entry for a name
 // not on the list, a port for the port policy; nothing for the address
-// classes the filters refuse whatever the file says.
+// classes the filters refuse whatever the file says. The target is what
+// the guest asked for, so it is made safe for the terminal up prints it on.
 func blockedOf(comp string, dc decision) Blocked {
-	b := Blocked{Component: comp, Reason: dc.Reason, Target: dc.Name}
+	b := Blocked{Component: comp, Reason: termtext.Clean(dc.Reason), Target: termtext.Clean(dc.Name)}
 	if comp == "http" {
-		b.Target = dc.Host
+		b.Target = termtext.Clean(dc.Host)
 		if dc.Port != 0 {
-			b.Target = fmt.Sprintf("%s:%d", dc.Host, dc.Port)
+			b.Target = fmt.Sprintf("%s:%d", b.Target, dc.Port)
 		}
 	}
 	switch dc.Reason {
