@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -206,5 +207,25 @@ func BenchmarkEmitRefusalFlood(b *testing.B) {
 		l := NewLine(time.Now(), slog.LevelInfo, "dns")
 		l.String("client", "10.10.7.2").String("name", "blocked.example.org").String("reason", "not_allowlisted")
 		w.EmitRefusal(client, "not_allowlisted", l)
+	}
+}
+
+// TestAdmitRefusal: asking first gives the same verdicts as EmitRefusal,
+// client by client, and counts what is not admitted as suppressed.
+func TestAdmitRefusal(t *testing.T) {
+	w := New(Config{Sinks: []io.Writer{io.Discard}, RefusalsPerClient: 3, FloodInterval: time.Hour})
+	defer w.Close()
+	a, b := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+	var got []bool
+	for range 5 {
+		got = append(got, w.AdmitRefusal(a, "not_allowlisted"))
+	}
+	got = append(got, w.AdmitRefusal(b, "not_allowlisted"))
+	want := []bool{true, true, true, false, false, true}
+	if !slices.Equal(got, want) {
+		t.Errorf("admitted %v, want %v", got, want)
+	}
+	if st := w.Stats(); st.Suppressed != 2 {
+		t.Errorf("suppressed %d, want 2", st.Suppressed)
 	}
 }

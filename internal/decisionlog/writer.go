@@ -169,12 +169,24 @@ func (w *Writer) Emit(l *Line) {
 // written, past it counted under reason into the client's "refusals
 // aggregated" line.
 func (w *Writer) EmitRefusal(client netip.Addr, reason string, l *Line) {
-	if w.flood != nil && !w.flood.admit(client, reason, w.now()) {
-		w.suppressed.Add(1)
+	if !w.AdmitRefusal(client, reason) {
 		l.Free()
 		return
 	}
 	w.Emit(l)
+}
+
+// AdmitRefusal reports whether the line of a refusal from client may be
+// written now, as EmitRefusal decides; when not, the refusal is counted
+// under reason into the client's "refusals aggregated" line. A caller that
+// asks first builds no line for a refusal that would not be written; one
+// admitted goes out with Emit.
+func (w *Writer) AdmitRefusal(client netip.Addr, reason string) bool {
+	if w.flood != nil && !w.flood.admit(client, reason, w.now()) {
+		w.suppressed.Add(1)
+		return false
+	}
+	return true
 }
 
 // Write queues p, which must be whole lines ending in a newline. It never

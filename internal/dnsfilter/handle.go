@@ -418,6 +418,11 @@ func (s *Server) logDecision(client netip.Addr, d decision) {
 	if s.dlog == nil {
 		return
 	}
+	// A refusal past the client's flood budget is only counted: no line
+	// is built for it.
+	if d.verdict == allowlist.Block && !s.dlog.AdmitRefusal(client, d.reason) {
+		return
+	}
 	level := slog.LevelInfo
 	if d.err != nil {
 		level = slog.LevelWarn
@@ -437,10 +442,6 @@ func (s *Server) logDecision(client netip.Addr, d decision) {
 	}
 	if d.err != nil {
 		l.String("error", d.err.Error())
-	}
-	if d.verdict == allowlist.Block {
-		s.dlog.EmitRefusal(client, d.reason, l)
-		return
 	}
 	s.dlog.Emit(l)
 }
