@@ -190,6 +190,7 @@ func TestErrors(t *testing.T) {
 		{"reverse forward", "version: 1\nname: dev\nforwards: ['R:9000:9000']\n", "reverse forwards cannot be declared"},
 		{"forward twice", "version: 1\nname: dev\nforwards: ['8080:80', '8080:81']\n", "forwards[1]: host port 8080 is forwarded twice"},
 		{"forward no colon", "version: 1\nname: dev\nforwards: ['8080']\n", "forwards[0]:"},
+		{"forward from a privileged host port", "version: 1\nname: dev\nforwards: ['22:22']\n", "forwards[0]: host port 22 is a privileged port"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parse(t, tc.src)

@@ -218,6 +218,9 @@ func (d *Doc) Validate() (Config, error) {
 		if !ok || err1 != nil || err2 != nil || hp == 0 || gp == 0 {
 			return Config{}, d.errAt(key, "%q: want HOSTPORT:GUESTPORT such as \"8080:80\" (reverse forwards cannot be declared in abox.yaml)", s)
 		}
+		if err := validate.ForwardHostPort(uint16(hp)); err != nil {
+			return Config{}, d.errAt(key, "%v", err)
+		}
 		if hostPorts[uint16(hp)] {
 			return Config{}, d.errAt(key, "host port %d is forwarded twice", hp)
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/abox-dev/abox/internal/paths"
 	"github.com/abox-dev/abox/internal/supervise"
 	"github.com/abox-dev/abox/internal/termtext"
+	"github.com/abox-dev/abox/internal/validate"
 )
 
 const forwardsFile = "forwards.json"
@@ -53,6 +54,11 @@ func ParseForward(s string, reverse bool) (Forward, error) {
 	gp, err := parsePort(g)
 	if err != nil {
 		return Forward{}, fmt.Errorf("forward %q: guest port: %w", s, err)
+	}
+	if !reverse {
+		if err := validate.ForwardHostPort(hp); err != nil {
+			return Forward{}, fmt.Errorf("forward %q: %w", s, err)
+		}
 	}
 	return Forward{HostPort: hp, GuestPort: gp, Reverse: reverse}, nil
 }
@@ -130,6 +136,8 @@ func (a Access) AddForward(ctx context.Context, t Target, f Forward, running boo
 	name := t.Name()
 	if f.Reverse {
 		a.progress("warning: %s", ReverseWarning)
+	} else if err := validate.ForwardHostPort(f.HostPort); err != nil {
+		return fmt.Errorf("forwarding %s for %s: %w", f, name, err)
 	} else if err := hostPortFree(f.HostPort); err != nil {
 		return fmt.Errorf("forwarding %s for %s: %w", f, name, err)
 	}

@@ -153,7 +153,11 @@ func TestParseForward(t *testing.T) {
 		wantErr bool
 	}{
 		{in: "8080:80", want: Forward{HostPort: 8080, GuestPort: 80}},
-		{in: "1:65535", want: Forward{HostPort: 1, GuestPort: 65535}},
+		{in: "1024:65535", want: Forward{HostPort: 1024, GuestPort: 65535}},
+		// The host's privileged ports are its services' (ssh, DNS, SMTP).
+		{in: "22:22", wantErr: true},
+		{in: "53:53", wantErr: true},
+		{in: "1023:80", wantErr: true},
 		{in: "8080", wantErr: true},
 		{in: "0:80", wantErr: true},
 		{in: "8080:65536", wantErr: true},
@@ -164,6 +168,30 @@ func TestParseForward(t *testing.T) {
 		if (err != nil) != tc.wantErr || (!tc.wantErr && got != tc.want) {
 			t.Errorf("ParseForward(%q) = %+v, %v; want %+v, error %v", tc.in, got, err, tc.want, tc.wantErr)
 		}
+	}
+	// A reverse forward names the host service offered: any port, asked
+	// for by name.
+	if f, err := ParseForward("22:2222", true); err != nil || f.HostPort != 22 {
+		t.Errorf("reverse 22:2222 = %+v, %v", f, err)
+	}
+}
+
+// TestForwardNeverListensOnAPrivilegedHostPort: AddForward itself refuses
+// (whoever calls it: the CLI, abox up), before recording or starting
+// anything.
+func TestForwardNeverListensOnAPrivilegedHostPort(t *testing.T) {
+	tg := testTarget(t)
+	exe := filepath.Join(t.TempDir(), "fake-abox")
+	os.WriteFile(exe, []byte("#!/bin/sh\nsleep 60\n"), 0o755)
+	a := Access{Layout: tg.Layout, Exe: exe}
+	for _, port := range []uint16{1, 22, 53, 631, 1023} {
+		err := a.AddForward(t.Context(), tg, Forward{HostPort: port, GuestPort: 8080}, true)
+		if err == nil || !strings.Contains(err.Error(), "privileged port") {
+			t.Errorf("forward from host port %d: %v", port, err)
+		}
+	}
+	if fs, err := a.Forwards("dev"); err != nil || len(fs) != 0 {
+		t.Errorf("refused forwards were recorded: %+v, %v", fs, err)
 	}
 }
 

@@ -149,3 +149,17 @@ func Bridge(br string) error {
 }
 
 var bridgePattern = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9_-]*$`)
+
+// MinForwardHostPort is the lowest host port a forward may listen on. The
+// ports below it are where the host's own services live (ssh 22, DNS 53,
+// SMTP 25, CUPS 631): a forward there would put the guest behind a name
+// host programs trust, on 127.0.0.1 where another service may be expected.
+const MinForwardHostPort = 1024
+
+// ForwardHostPort checks the host port a host-to-guest forward listens on.
+func ForwardHostPort(port uint16) error {
+	if port < MinForwardHostPort {
+		return fmt.Errorf("host port %d is a privileged port, where host services listen; forward from a port of %d or above (such as %d:%d)", port, MinForwardHostPort, 8000+int(port), port)
+	}
+	return nil
+}
