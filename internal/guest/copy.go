@@ -1,11 +1,8 @@
 package guest
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os/exec"
 	"strings"
 
 	"github.com/abox-dev/abox/internal/instance"
@@ -89,8 +86,11 @@ func scpArgs(t Target, p CopyPlan) ([]string, error) {
 	}
 	// -F /dev/null: no ssh_config of the user's (a RemoteForward there
 	// would survive in scp, which has no ClearAllForwardings of its own on
-	// every version), -q: no progress meter noise in scripts.
-	args := append([]string{"-F", "/dev/null", "-q"}, opts...)
+	// every version), -q: no progress meter noise in scripts, -s: SFTP
+	// whatever the scp version (in the legacy protocol the guest's end
+	// names the files and modes it sends, set-uid bits included; an scp
+	// too old for -s fails instead).
+	args := append([]string{"-F", "/dev/null", "-q", "-s"}, opts...)
 	if p.Recursive {
 		args = append(args, "-r")
 	}
@@ -106,22 +106,4 @@ func scpArgs(t Target, p CopyPlan) ([]string, error) {
 		args = append(args, side(s))
 	}
 	return append(args, side(p.Dest)), nil
-}
-
-// Copy runs scp for the plan; a non-zero exit is an *ExitError.
-func Copy(ctx context.Context, t Target, p CopyPlan, stdout, stderr io.Writer) error {
-	scp, err := lookTool("scp", "openssh-client")
-	if err != nil {
-		return err
-	}
-	args, err := scpArgs(t, p)
-	if err != nil {
-		return err
-	}
-	cmd := exec.CommandContext(ctx, scp, args...)
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("copying with %s: %w", t.Name(), exitErr("scp", err))
-	}
-	return nil
 }

@@ -1,0 +1,172 @@
+package guest
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// sftpGuest stands a directory in for the guest: scp's -S program is a
+// script that ignores its ssh arguments and runs the real sftp-server in
+// that directory, so the real scp really copies (SFTP, as abox's -s asks).
+func sftpGuest(t *testing.T) (guestDir string, copy func(p CopyPlan) error) {
+	t.Helper()
+	scp, err := exec.LookPath("scp")
+	if err != nil {
+		t.Skip("scp not installed")
+	}
+	server := ""
+	for _, p := range []string{"/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server", "/usr/lib/ssh/sftp-server"} {
+		if _, err := os.Stat(p); err == nil {
+			server = p
+		}
+	}
+	if server == "" {
+		t.Skip("sftp-server not installed")
+	}
+	guestDir = t.TempDir()
+	fake := filepath.Join(t.TempDir(), "ssh")
+	os.WriteFile(fake, []byte("#!/bin/sh\nexec "+server+" -d "+guestDir+"\n"), 0o755)
+	tg := testTarget(t)
+	return guestDir, func(p CopyPlan) error {
+		var errOut bytes.Buffer
+		err := copyWith(t.Context(), scp, []string{"-S", fake}, tg, p, &errOut, &errOut)
+		if err != nil && errOut.Len() > 0 {
+			t.Logf("scp: %s", errOut.String())
+		}
+		return err
+	}
+}
+
+func write(t *testing.T, p, content string, mode os.FileMode) {
+	t.Helper()
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	if err := os.WriteFile(p, []byte(content), mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func read(p string) string { b, _ := os.ReadFile(p); return string(b) }
+
+// TestCopyOutNeverWritesThroughLinks: the guest names the files that come
+// back, and a repository can plant a link where one lands (out/report.txt
+// -> ~/.bashrc); the copy must not write through it, nor anywhere outside
+// the destination, and what the guest made set-uid arrives inert.
+func TestCopyOutNeverWritesThroughLinks(t *testing.T) {
+	g, copy := sftpGuest(t)
+	write(t, filepath.Join(g, "out", "report.txt"), "guest report\n", 0o644)
+	write(t, filepath.Join(g, "out", "sub", "tool"), "#!/bin/sh\n", 0o755)
+	os.Chmod(filepath.Join(g, "out", "sub", "tool"), 0o4755)
+
+	host := t.TempDir()
+	victim := filepath.Join(t.TempDir(), "bashrc")
+	write(t, victim, "host file\n", 0o644)
+
+	t.Run("a planted link where a file lands", func(t *testing.T) {
+		dest := filepath.Join(host, "a")
+		os.MkdirAll(filepath.Join(dest, "out"), 0o755)
+		os.Symlink(victim, filepath.Join(dest, "out", "report.txt"))
+		err := copy(CopyPlan{Sources: []Location{{Instance: "dev", Path: "out"}}, Dest: Location{Path: dest}, Recursive: true})
+		if err == nil || !strings.Contains(err.Error(), "symbolic link") {
+			t.Errorf("err = %v, want the link refused", err)
+		}
+		if got := read(victim); got != "host file\n" {
+			t.Errorf("the host file behind the link now holds %q", got)
+		}
+		if m, _ := filepath.Glob(filepath.Join(dest, ".abox-scp-*")); len(m) != 0 {
+			t.Errorf("staging left behind: %v", m)
+		}
+	})
+	t.Run("a planted link as a directory on the way", func(t *testing.T) {
+		dest := filepath.Join(host, "b")
+		os.MkdirAll(dest, 0o755)
+		os.Symlink(filepath.Dir(victim), filepath.Join(dest, "out"))
+		err := copy(CopyPlan{Sources: []Location{{Instance: "dev", Path: "out"}}, Dest: Location{Path: dest}, Recursive: true})
+		if err == nil || !strings.Contains(err.Error(), "symbolic link") {
+			t.Errorf("err = %v, want the link refused", err)
+		}
+		if _, err := os.Stat(filepath.Join(filepath.Dir(victim), "report.txt")); err == nil {
+			t.Error("the copy went through the link")
+		}
+	})
+	t.Run("a destination that is a link", func(t *testing.T) {
+		link := filepath.Join(host, "c")
+		os.Symlink(filepath.Dir(victim), link)
+		err := copy(CopyPlan{Sources: []Location{{Instance: "dev", Path: "out/report.txt"}}, Dest: Location{Path: link}})
+		if err == nil || !strings.Contains(err.Error(), "symbolic link") {
+			t.Errorf("err = %v", err)
+		}
+	})
+	t.Run("a new directory, an existing one, a file over a file", func(t *testing.T) {
+		dest := filepath.Join(host, "d")
+		if err := copy(CopyPlan{Sources: []Location{{Instance: "dev", Path: "out"}}, Dest: Location{Path: dest}, Recursive: true}); err != nil {
+			t.Fatal(err)
+		}
+		if got := read(filepath.Join(dest, "report.txt")); got != "guest report\n" {
+			t.Errorf("new directory: report = %q", got)
+		}
+		fi, err := os.Stat(filepath.Join(dest, "sub", "tool"))
+		if err != nil || fi.Mode()&os.ModeSetuid != 0 || fi.Mode().Perm() != 0o755 {
+			t.Errorf("set-uid file from the guest: %v %v", fi.Mode(), err)
+		}
+		if err := copy(CopyPlan{Sources: []Location{{Instance: "dev", Path: "out"}}, Dest: Location{Path: dest}, Recursive: true}); err != nil {
+			t.Fatal(err)
+		}
+		if got := read(filepath.Join(dest, "out", "report.txt")); got != "guest report\n" {
+			t.Errorf("into an existing directory: %q", got)
+		}
+		file := filepath.Join(host, "e.txt")
+		write(t, file, "old\n", 0o644)
+		if err := copy(CopyPlan{Sources: []Location{{Instance: "dev", Path: "out/report.txt"}}, Dest: Location{Path: file}}); err != nil {
+			t.Fatal(err)
+		}
+		if got := read(file); got != "guest report\n" {
+			t.Errorf("file over a file: %q", got)
+		}
+		entries, _ := os.ReadDir(host)
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), ".abox-scp-") {
+				t.Errorf("staging left behind: %s", e.Name())
+			}
+		}
+	})
+}
+
+// TestCopyInRefusesLinksOutOfTheTree: scp -r follows links, so a
+// repository's `notes -> ~/.ssh/id_ed25519` would put a host secret in the
+// guest when the user copies the repository in.
+func TestCopyInRefusesLinksOutOfTheTree(t *testing.T) {
+	g, copy := sftpGuest(t)
+	secret := filepath.Join(t.TempDir(), "id_ed25519")
+	write(t, secret, "HOST SECRET\n", 0o600)
+	repo := filepath.Join(t.TempDir(), "repo")
+	write(t, filepath.Join(repo, "main.go"), "package main\n", 0o644)
+	write(t, filepath.Join(repo, "docs", "a.md"), "doc\n", 0o644)
+	os.Symlink("docs/a.md", filepath.Join(repo, "README.md")) // inside: fine
+	os.Symlink(secret, filepath.Join(repo, "docs", "notes"))
+	err := copy(CopyPlan{Sources: []Location{{Path: repo}}, Dest: Location{Instance: "dev", Path: "work"}, Recursive: true})
+	if err == nil || !strings.Contains(err.Error(), "outside") || !strings.Contains(err.Error(), filepath.Join("docs", "notes")) {
+		t.Errorf("err = %v, want the link out of the tree refused", err)
+	}
+	filepath.Walk(g, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() && strings.Contains(read(p), "HOST SECRET") {
+			t.Errorf("the host secret reached the guest at %s", p)
+		}
+		return nil
+	})
+	os.Symlink("/nonexistent/x", filepath.Join(repo, "dangling"))
+	os.Remove(filepath.Join(repo, "docs", "notes"))
+	if err := copy(CopyPlan{Sources: []Location{{Path: repo}}, Dest: Location{Instance: "dev", Path: "work"}, Recursive: true}); err == nil {
+		t.Error("a dangling link was accepted")
+	}
+	os.Remove(filepath.Join(repo, "dangling"))
+	if err := copy(CopyPlan{Sources: []Location{{Path: repo}}, Dest: Location{Instance: "dev", Path: "work"}, Recursive: true}); err != nil {
+		t.Fatalf("a tree with a link inside it: %v", err)
+	}
+	if got := read(filepath.Join(g, "work", "README.md")); got != "doc\n" {
+		t.Errorf("in the guest: README.md = %q", got)
+	}
+}
