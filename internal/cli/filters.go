@@ -104,7 +104,7 @@ func renderStatus(w io.Writer, st api.Status, component string, stats any) {
 	// Counters arrive as a JSON object; print them flat and sorted.
 	var m map[string]any
 	if b, err := json.Marshal(stats); err == nil && json.Unmarshal(b, &m) == nil {
-		if msg := logTrouble(m); msg != "" {
+		if msg := api.LogTrouble(m); msg != "" {
 			fmt.Fprintf(tw, "decision log error:\t%s\n", msg)
 		}
 		keys := make([]string, 0, len(m))
@@ -134,32 +134,7 @@ func (e *env) filterTrouble(ctx context.Context, name string) []string {
 	if err != nil {
 		return nil
 	}
-	var out []string
-	if st.Allowlist.Unsaved != "" {
-		out = append(out, "allowlist change in force but not saved: "+st.Allowlist.Unsaved)
-	}
-	for _, comp := range []string{"dns", "http"} {
-		var m map[string]any
-		if b, err := json.Marshal(st.Components[comp]); err == nil && json.Unmarshal(b, &m) == nil {
-			if msg := logTrouble(m); msg != "" {
-				out = append(out, comp+" decision log cannot be written: "+msg)
-			}
-		}
-	}
-	return out
-}
-
-// logTrouble is the decision log's last write error in a filter's
-// counters: log_error (DNS) or log.last_error (HTTP).
-func logTrouble(m map[string]any) string {
-	if s, _ := m["log_error"].(string); s != "" {
-		return s
-	}
-	if l, ok := m["log"].(map[string]any); ok {
-		s, _ := l["last_error"].(string)
-		return s
-	}
-	return ""
+	return st.Trouble()
 }
 
 func newComponentLogsCmd(e *env, component string) *cobra.Command {

@@ -263,6 +263,13 @@ func daemonChecks(ctx context.Context, in Instance, r *Report) bool {
 	} else {
 		r.add(Check{Layer: "daemon", Name: "allowlist", Status: Pass, Detail: fmt.Sprintf("%d entries from %s", s.Allowlist.Entries, s.Allowlist.Path)})
 	}
+	if tr := s.Trouble(); len(tr) > 0 {
+		r.add(Check{Layer: "daemon", Name: "logs and saved policy", Status: Warn,
+			Detail: strings.Join(tr, "; ") + " (the filters enforce the policy in force meanwhile)",
+			Fix:    "free space or fix permissions of " + in.Files.LogsDir + " and " + s.Allowlist.Path + ", then abox allowlist reload " + st.Name + " (a reload writes an unsaved change)"})
+	} else {
+		r.add(Check{Layer: "daemon", Name: "logs and saved policy", Status: Pass, Detail: "decision logs written, policy saved"})
+	}
 	dnsAddr, proxyAddr := in.DNSAddr, in.ProxyAddr
 	if dnsAddr == "" {
 		dnsAddr = net.JoinHostPort(st.Gateway.String(), "53")

@@ -54,12 +54,14 @@ func (f *fakeFW) Check(_ context.Context, b hostfw.Bridge) (hostfw.Status, error
 }
 
 type fakeFilters struct {
-	mode policy.Mode
-	err  error
+	mode    policy.Mode
+	err     error
+	unsaved string         // an allowlist change in force but not on disk
+	comps   map[string]any // the filters' counters
 }
 
 func (f *fakeFilters) Status(context.Context) (api.Status, error) {
-	return api.Status{Mode: f.mode}, f.err
+	return api.Status{Mode: f.mode, Allowlist: policy.ReloadStatus{Unsaved: f.unsaved}, Components: f.comps}, f.err
 }
 
 // servers runs a DNS server answering the healthcheck and an HTTP server
@@ -174,6 +176,42 @@ func TestDoctorNamesEachBrokenLayer(t *testing.T) {
 				if c.Status == Fail && c.Fix == "" {
 					t.Errorf("%s/%s fails without a fix", c.Layer, c.Name)
 				}
+			}
+		})
+	}
+}
+
+// TestDoctorWarnsOfLogTrouble: a decision log that cannot be written and
+// an allowlist change that could not be saved are each a warning with a
+// fix, the other checks unaffected.
+func TestDoctorWarnsOfLogTrouble(t *testing.T) {
+	for name, brk := range map[string]func(*fakeFilters){
+		"dns log": func(f *fakeFilters) {
+			f.comps = map[string]any{"dns": map[string]any{"log_error": "write dns.log: no space left on device"}}
+		},
+		"http log": func(f *fakeFilters) {
+			f.comps = map[string]any{"http": map[string]any{"log": map[string]any{"last_error": "write http.log: no space left on device"}}}
+		},
+		"unsaved": func(f *fakeFilters) { f.unsaved = "write allowlist.txt: no space left on device" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			in, _, _, fl := healthyInstance(t)
+			brk(fl)
+			r := Doctor(context.Background(), in)
+			if got := failures(r); len(got) != 0 {
+				t.Errorf("failures = %q, want none", got)
+			}
+			var found bool
+			for _, c := range r.Checks {
+				if c.Layer == "daemon" && c.Name == "logs and saved policy" {
+					found = true
+					if c.Status != Warn || !strings.Contains(c.Detail, "no space left on device") || c.Fix == "" {
+						t.Errorf("check = %+v, want a warning naming the error, with a fix", c)
+					}
+				}
+			}
+			if !found {
+				t.Errorf("no logs check in %+v", r.Checks)
 			}
 		})
 	}
