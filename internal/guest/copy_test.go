@@ -2,6 +2,7 @@ package guest
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +13,7 @@ import (
 // sftpGuest stands a directory in for the guest: scp's -S program is a
 // script that ignores its ssh arguments and runs the real sftp-server in
 // that directory, so the real scp really copies (SFTP, as abox's -s asks).
-func sftpGuest(t *testing.T) (guestDir string, copy func(p CopyPlan) error) {
+func sftpGuest(t *testing.T, reserve *int64) (guestDir string, copy func(p CopyPlan) error) {
 	t.Helper()
 	scp, err := exec.LookPath("scp")
 	if err != nil {
@@ -33,7 +34,7 @@ func sftpGuest(t *testing.T) (guestDir string, copy func(p CopyPlan) error) {
 	tg := testTarget(t)
 	return guestDir, func(p CopyPlan) error {
 		var errOut bytes.Buffer
-		err := copyWith(t.Context(), scp, []string{"-S", fake}, tg, p, &errOut, &errOut)
+		err := copier{scp: scp, extra: []string{"-S", fake}, reserve: *reserve}.copy(t.Context(), tg, p, &errOut, &errOut)
 		if err != nil && errOut.Len() > 0 {
 			t.Logf("scp: %s", errOut.String())
 		}
@@ -56,7 +57,8 @@ func read(p string) string { b, _ := os.ReadFile(p); return string(b) }
 // -> ~/.bashrc); the copy must not write through it, nor anywhere outside
 // the destination, and what the guest made set-uid arrives inert.
 func TestCopyOutNeverWritesThroughLinks(t *testing.T) {
-	g, copy := sftpGuest(t)
+	var reserve int64 = 1
+	g, copy := sftpGuest(t, &reserve)
 	write(t, filepath.Join(g, "out", "report.txt"), "guest report\n", 0o644)
 	write(t, filepath.Join(g, "out", "sub", "tool"), "#!/bin/sh\n", 0o755)
 	os.Chmod(filepath.Join(g, "out", "sub", "tool"), 0o4755)
@@ -139,7 +141,8 @@ func TestCopyOutNeverWritesThroughLinks(t *testing.T) {
 // repository's `notes -> ~/.ssh/id_ed25519` would put a host secret in the
 // guest when the user copies the repository in.
 func TestCopyInRefusesLinksOutOfTheTree(t *testing.T) {
-	g, copy := sftpGuest(t)
+	var reserve int64 = 1
+	g, copy := sftpGuest(t, &reserve)
 	secret := filepath.Join(t.TempDir(), "id_ed25519")
 	write(t, secret, "HOST SECRET\n", 0o600)
 	repo := filepath.Join(t.TempDir(), "repo")
@@ -168,5 +171,42 @@ func TestCopyInRefusesLinksOutOfTheTree(t *testing.T) {
 	}
 	if got := read(filepath.Join(g, "work", "README.md")); got != "doc\n" {
 		t.Errorf("in the guest: README.md = %q", got)
+	}
+}
+
+// TestCopyOutStopsBeforeTheHostDiskFills: the guest decides how much
+// arrives (a sparse file costs it nothing); the copy stops once the host's
+// file system would drop below the reserve, and keeps nothing.
+func TestCopyOutStopsBeforeTheHostDiskFills(t *testing.T) {
+	var reserve int64 = 1
+	g, copy := sftpGuest(t, &reserve)
+	f, err := os.Create(filepath.Join(g, "huge.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(256 << 20) // sparse in the guest, written out in full on the host
+	f.Close()
+	host := t.TempDir()
+	free, err := freeBytes(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if free < 1<<30 {
+		t.Skipf("only %d bytes free here", free)
+	}
+	reserve = free - 16<<20 // room for 16 MiB of the 256
+	err = copy(CopyPlan{Sources: []Location{{Instance: "dev", Path: "huge.bin"}}, Dest: Location{Path: host}})
+	if !errors.Is(err, ErrHostDiskFull) {
+		t.Errorf("err = %v, want %v", err, ErrHostDiskFull)
+	}
+	if entries, _ := os.ReadDir(host); len(entries) != 0 {
+		t.Errorf("left on the host: %v", entries)
+	}
+	reserve = 1
+	if err := copy(CopyPlan{Sources: []Location{{Instance: "dev", Path: "huge.bin"}}, Dest: Location{Path: host}}); err != nil {
+		t.Fatalf("with room: %v", err)
+	}
+	if fi, err := os.Stat(filepath.Join(host, "huge.bin")); err != nil || fi.Size() != 256<<20 {
+		t.Errorf("copied: %v %v", fi, err)
 	}
 }

@@ -9,7 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/abox-dev/abox/internal/termtext"
 )
@@ -33,12 +36,21 @@ func Copy(ctx context.Context, t Target, p CopyPlan, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	return copyWith(ctx, scp, nil, t, p, stdout, stderr)
+	return copier{scp: scp}.copy(ctx, t, p, stdout, stderr)
 }
 
-// copyWith is Copy with the scp program and extra leading arguments (tests
-// give scp an -S program that serves a directory with sftp-server).
-func copyWith(ctx context.Context, scp string, extra []string, t Target, p CopyPlan, stdout, stderr io.Writer) error {
+// copier runs one copy.
+type copier struct {
+	scp string
+	// extra are leading scp arguments (tests give an -S program that
+	// serves a directory with sftp-server).
+	extra []string
+	// reserve is the free space in bytes a copy out leaves on the host;
+	// 0 is copyReserve's.
+	reserve int64
+}
+
+func (c copier) copy(ctx context.Context, t Target, p CopyPlan, stdout, stderr io.Writer) error {
 	errOut := termtext.NewWriter(stderr)
 	defer errOut.Flush()
 	if p.Dest.Instance != "" {
@@ -49,17 +61,17 @@ func copyWith(ctx context.Context, scp string, extra []string, t Target, p CopyP
 				}
 			}
 		}
-		return runSCP(ctx, scp, extra, t, p, stdout, errOut)
+		return c.runSCP(ctx, t, p, stdout, errOut)
 	}
-	return copyOut(ctx, scp, extra, t, p, stdout, errOut)
+	return c.copyOut(ctx, t, p, stdout, errOut)
 }
 
-func runSCP(ctx context.Context, scp string, extra []string, t Target, p CopyPlan, stdout, stderr io.Writer) error {
+func (c copier) runSCP(ctx context.Context, t Target, p CopyPlan, stdout, stderr io.Writer) error {
 	args, err := scpArgs(t, p)
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, scp, append(extra, args...)...)
+	cmd := exec.CommandContext(ctx, c.scp, append(slices.Clone(c.extra), args...)...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("copying with %s: %w", t.Name(), exitErr("scp", err))
@@ -103,7 +115,7 @@ func within(root, p string) bool {
 }
 
 // copyOut copies guest files to the host through a staging directory.
-func copyOut(ctx context.Context, scp string, extra []string, t Target, p CopyPlan, stdout, stderr io.Writer) error {
+func (c copier) copyOut(ctx context.Context, t Target, p CopyPlan, stdout, stderr io.Writer) error {
 	dest := p.Dest.Path
 	fi, err := os.Lstat(dest)
 	exists := err == nil
@@ -127,7 +139,22 @@ func copyOut(ctx context.Context, scp string, extra []string, t Target, p CopyPl
 	defer os.RemoveAll(stage)
 	sp := p
 	sp.Dest = Location{Path: stage + "/"}
-	if err := runSCP(ctx, scp, extra, t, sp, stdout, stderr); err != nil {
+	// The guest chooses how much arrives (a sparse terabyte file costs it
+	// nothing): the copy stops before it fills the host's file system.
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	full := make(chan error, 1)
+	reserve := c.reserve
+	if reserve == 0 {
+		reserve = copyReserve(stage)
+	}
+	go func() { full <- watchSpace(wctx, stage, reserve, cancel) }()
+	err = c.runSCP(wctx, t, sp, stdout, stderr)
+	cancel()
+	if ferr := <-full; ferr != nil {
+		return fmt.Errorf("copying from %s: %w", t.Name(), ferr)
+	}
+	if err != nil {
 		return err
 	}
 	if err := inertTree(stage); err != nil {
@@ -215,4 +242,47 @@ func planMove(from, to string, moves *[][2]string) error {
 	}
 	*moves = append(*moves, [2]string{from, to})
 	return nil
+}
+
+// ErrHostDiskFull is a copy out of the guest stopped before it filled the
+// host's file system.
+var ErrHostDiskFull = errors.New("the copy would fill the host's file system")
+
+// copyReserve is the free space a copy out must leave on dir's file
+// system: 5% of it, at least 1 GiB.
+func copyReserve(dir string) int64 {
+	var st syscall.Statfs_t
+	if syscall.Statfs(dir, &st) != nil {
+		return 1 << 30
+	}
+	return max(1<<30, int64(st.Blocks)*st.Bsize/20)
+}
+
+// freeBytes is what an unprivileged writer may still use on dir's file
+// system (root may use the reserved blocks too, but the host's other
+// programs need them).
+func freeBytes(dir string) (int64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, nil
+}
+
+// watchSpace polls the free space of dir's file system until ctx ends,
+// and stops the copy (stop) once less than reserve is left.
+func watchSpace(ctx context.Context, dir string, reserve int64, stop func()) error {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if free, err := freeBytes(dir); err == nil && free < reserve {
+			stop()
+			return fmt.Errorf("%w: %s has %d bytes free, less than the %d a copy leaves; nothing was kept (copy less, or free space)", ErrHostDiskFull, dir, free, reserve)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
 }
