@@ -22,6 +22,7 @@ import (
 	"github.com/abox-dev/abox/internal/api"
 	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/policy"
+	"github.com/abox-dev/abox/internal/termtext"
 	"github.com/abox-dev/abox/internal/validate"
 )
 
@@ -184,9 +185,11 @@ func newComponentLogsCmd(e *env, component string) *cobra.Command {
 	return cmd
 }
 
+// printLines prints decision-log lines: JSON whose strings the guest
+// chose, with what a terminal would act on escaped.
 func printLines(w io.Writer, lines []json.RawMessage) {
 	for _, l := range lines {
-		fmt.Fprintf(w, "%s\n", l)
+		fmt.Fprintf(w, "%s\n", termtext.JSON(l))
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/abox-dev/abox/internal/api"
 	"github.com/abox-dev/abox/internal/guest"
 	"github.com/abox-dev/abox/internal/paths"
+	"github.com/abox-dev/abox/internal/termtext"
 )
 
 // Version is set at build time with -ldflags "-X .../internal/cli.Version=v1.2.3".
@@ -172,9 +173,14 @@ func newVersionCmd(e *env) *cobra.Command {
 }
 
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	// Values can be a guest's (names it asked for, what it printed):
+	// encoding/json leaves C1 and bidirectional controls as they are.
+	_, err = w.Write(append(termtext.JSON(b), '\n'))
+	return err
 }
 
 // exactArgs is cobra.ExactArgs with an error that names what is missing.

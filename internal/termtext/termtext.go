@@ -141,3 +141,38 @@ func (t *Writer) Flush() error {
 	_, err := t.W.Write(out)
 	return err
 }
+
+// JSON returns JSON text with every rune a terminal acts on that JSON
+// leaves as it is (DEL, the C1 controls, the bidirectional controls)
+// written as a \uXXXX escape, and any stray C0 control (a carriage return
+// too) or invalid byte. JSON as encoders write it stays valid and means the
+// same: such runes can only stand inside its strings, where the escape is
+// their JSON spelling.
+func JSON(b []byte) []byte {
+	clean := true
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && size <= 1 || Unsafe(r) && r != '\n' && r != '\t' {
+			clean = false
+			break
+		}
+		i += size
+	}
+	if clean {
+		return b
+	}
+	out := make([]byte, 0, len(b)+16)
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		switch {
+		case r == utf8.RuneError && size <= 1:
+			out = append(out, `\ufffd`...)
+		case Unsafe(r) && r != '\n' && r != '\t':
+			out = fmt.Appendf(out, `\u%04x`, r)
+		default:
+			out = append(out, b[i:i+size]...)
+		}
+		i += size
+	}
+	return out
+}

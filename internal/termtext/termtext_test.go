@@ -2,6 +2,8 @@ package termtext
 
 import (
 	"bytes"
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -82,5 +84,31 @@ func TestWriterKeepsLinesAndEscapesTheRest(t *testing.T) {
 	w.Flush()
 	if got := b.String(); got != `x\xc3` {
 		t.Errorf("truncated rune: %q", got)
+	}
+}
+
+// TestJSONStaysJSONAndSafe: log lines and --json output keep their meaning
+// and lose every rune a terminal would act on.
+func TestJSONStaysJSONAndSafe(t *testing.T) {
+	in := []byte(`{"host":"a` + "\u009b" + `31m","path":"/` + "\u202e" + `gpj.exe\u001b","n":1,"del":"` + "\x7f" + `"}` + "\n")
+	out := JSON(in)
+	var a, b map[string]any
+	if err := json.Unmarshal(in, &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(out, &b); err != nil {
+		t.Fatalf("no longer JSON: %v: %s", err, out)
+	}
+	if !reflect.DeepEqual(a, b) {
+		t.Errorf("meaning changed: %v != %v", a, b)
+	}
+	for _, r := range string(out) {
+		if Unsafe(r) && r != '\n' {
+			t.Errorf("%q still holds %U", out, r)
+		}
+	}
+	plain := []byte(`{"a":"ü ok"}` + "\n")
+	if got := JSON(plain); string(got) != string(plain) {
+		t.Errorf("JSON(%q) = %q", plain, got)
 	}
 }
