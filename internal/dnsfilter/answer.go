@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
@@ -31,8 +32,11 @@ type entry struct {
 	blockClass netclass.Class
 	blockAddr  netip.Addr
 	// addrs are every address the upstream answer held, stripped records'
-	// too: they are classified again each time the entry is used.
+	// too: they are classified again when the entry is used (forbidden).
 	addrs []netip.Addr
+	// classified is the last classification of addrs; the one field that
+	// changes after the entry is built.
+	classified atomic.Pointer[classification]
 	// wire is the answer packed for a UDP client (see packed.go), nil when
 	// it does not fit one; ttls are the offsets of its records' TTLs.
 	wire []byte
@@ -189,19 +193,43 @@ func (s *Server) check(name string, qtype uint16, r *dns.Msg, now time.Time) *en
 	return e
 }
 
+// classifyEvery is how long a classification of an entry's addresses is
+// reused. The classes depend on the host's own addresses, which netclass
+// itself reads again at most once a second: classifying more often could
+// not see a change sooner.
+const classifyEvery = time.Second
+
+// classification is the outcome of classifying an entry's addresses with
+// policy by at time at: the first forbidden address and its class, or "".
+type classification struct {
+	class netclass.Class
+	addr  netip.Addr
+	by    *netclass.Policy
+	at    time.Time
+}
+
 // forbidden returns the class of the first address of e the guest may not
 // be given now, or "". It runs on every use of the entry, cached or not:
 // the host's own addresses, which the classification depends on, change.
-func (s *Server) forbidden(e *entry) (netclass.Class, netip.Addr) {
+func (s *Server) forbidden(e *entry, now time.Time) (netclass.Class, netip.Addr) {
 	if e.blockClass != "" {
 		return e.blockClass, e.blockAddr
 	}
+	if len(e.addrs) == 0 {
+		return "", netip.Addr{}
+	}
+	if c := e.classified.Load(); c != nil && c.by == s.addrs && !now.Before(c.at) && now.Sub(c.at) < classifyEvery {
+		return c.class, c.addr
+	}
+	c := &classification{by: s.addrs, at: now}
 	for _, a := range e.addrs {
-		if c := s.addrs.Check(a); !netclass.Allowed(c) {
-			return c, a
+		if cl := s.addrs.Check(a); !netclass.Allowed(cl) {
+			c.class, c.addr = cl, a
+			break
 		}
 	}
-	return "", netip.Addr{}
+	e.classified.Store(c)
+	return c.class, c.addr
 }
 
 func (s *Server) clampTTL(ttl uint32) uint32 { return min(max(ttl, s.minTTL), s.maxTTL) }

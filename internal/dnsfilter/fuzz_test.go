@@ -236,7 +236,7 @@ func FuzzDatagram(f *testing.F) {
 	client := netip.MustParseAddr("192.0.2.10")
 	f.Fuzz(func(t *testing.T, wire []byte) {
 		for range 2 {
-			b := srv.AnswerDatagram(context.Background(), wire, client)
+			b := srv.AnswerDatagram(context.Background(), wire, client, make([]byte, 0, dnsfilter.MaxUDPSize))
 			if b == nil {
 				continue
 			}

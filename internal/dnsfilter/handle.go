@@ -267,7 +267,8 @@ func (s *Server) finish(ctx context.Context, req *dns.Msg, p *pending, d decisio
 // With dst, an answer that fits a UDP client as it is comes back packed
 // into dst (wire) instead of as a message.
 func (s *Server) answer(req *dns.Msg, opt *dns.OPT, e *entry, rule string, d decision, dst []byte) (*dns.Msg, []byte, decision) {
-	if class, _ := s.forbidden(e); class != "" {
+	now := s.now()
+	if class, _ := s.forbidden(e, now); class != "" {
 		s.st.blocked.Add(1)
 		s.st.rebinding.Add(1)
 		d.verdict, d.reason, d.class, d.rcode = allowlist.Block, ReasonRebinding, string(class), dns.RcodeNameError
@@ -275,7 +276,6 @@ func (s *Server) answer(req *dns.Msg, opt *dns.OPT, e *entry, rule string, d dec
 	}
 	s.st.allowed.Add(1)
 	d.rcode = e.rcode
-	now := s.now()
 	if dst != nil {
 		if b, ok := e.packedReply(dst, req, opt, now, maxSize(req, "udp")); ok {
 			return nil, b, d
@@ -314,7 +314,9 @@ func maxSize(req *dns.Msg, network string) int {
 // do are kept and TC is set so the client may retry over TCP. It reports
 // whether everything fit without TC.
 func fit(m *dns.Msg, size int) bool {
-	m.Compress = true
+	// A message without records but the OPT (a block, a refusal) holds
+	// one name: compressing it changes no byte and costs a map.
+	m.Compress = len(m.Answer)+len(m.Ns) > 0 || len(m.Extra) > 1 || (len(m.Extra) == 1 && m.Extra[0].Header().Rrtype != dns.TypeOPT)
 	if m.Len() <= size {
 		return true
 	}
