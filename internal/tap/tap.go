@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/abox-dev/abox/internal/termtext"
 	"github.com/abox-dev/abox/internal/validate"
 )
 
@@ -95,7 +96,12 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer, ready func())
 		return ErrNoTcpdump
 	}
 	cmd := exec.Command(bin, args...)
-	out := stdout
+	// Decoded packets are the guest's bytes as tcpdump prints them (-A
+	// and -X among the extra arguments print payloads): they reach the
+	// terminal escaped.
+	tw := termtext.NewWriter(stdout)
+	defer tw.Flush()
+	var out io.Writer = tw
 	if o.Write != "" {
 		f, err := os.OpenFile(o.Write, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 		if err != nil {
