@@ -423,3 +423,26 @@ func TestTrustCoversTheAllowlistAndWhatIsUsed(t *testing.T) {
 		t.Errorf("a changed allowlist file is still trusted: %v", err)
 	}
 }
+
+// TestAllowPrivateParsesAsTheFlagDoes: abox.yaml's allow_private is read by
+// the same rules as --allow-private: a /0 is no way to turn the filters
+// off, an IPv4-mapped range is its IPv4 one, and a range wider than a site
+// is named as such in the trust prompt.
+func TestAllowPrivateParsesAsTheFlagDoes(t *testing.T) {
+	for _, s := range []string{"0.0.0.0/0", "::/0", "::ffff:0.0.0.0/96", "fe80::1%eth0"} {
+		if _, err := parse(t, "version: 1\nname: dev\nallow_private: [\""+s+"\"]\n"); err == nil {
+			t.Errorf("allow_private %s accepted", s)
+		}
+	}
+	c, err := parse(t, "version: 1\nname: dev\nallow_private: [\"::ffff:10.0.0.0/104\", 10.20.0.7]\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(c.AllowPrivate); got != "[10.0.0.0/8 10.20.0.7/32]" {
+		t.Errorf("allow_private = %s", got)
+	}
+	w := c.Widenings()
+	if len(w) != 1 || !strings.Contains(w[0].Why, "10.0.0.0/8 is wider than a /16") {
+		t.Errorf("widenings = %v, want the wide range named", w)
+	}
+}

@@ -58,7 +58,11 @@ func (c Config) widenings(allow []string) []Widening {
 		for _, p := range c.AllowPrivate {
 			s = append(s, p.String())
 		}
-		add("allow_private", "lets the guest reach private addresses %s", strings.Join(s, ", "))
+		why := "lets the guest reach private addresses " + strings.Join(s, ", ")
+		for _, w := range c.Warnings {
+			why += " (warning: " + w + ")"
+		}
+		add("allow_private", "%s", why)
 	}
 	var extra []string
 	for _, p := range c.Ports {

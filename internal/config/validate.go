@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/validate"
 )
 
@@ -65,6 +66,9 @@ type Config struct {
 	Overlay          string
 	Scripts          []string
 	Forwards         []Forward
+	// Warnings are accepted values that deserve a second look (a range
+	// wider than a site); the trust prompt shows them.
+	Warnings []string
 }
 
 // Forward is a host-loopback to guest forward.
@@ -134,15 +138,16 @@ func (d *Doc) Validate() (Config, error) {
 		c.Ports = append(c.Ports, uint16(p))
 	}
 	for i, s := range f.AllowPrivate {
-		p, err := netip.ParsePrefix(s)
+		// The same parse as --allow-private: a /0 is refused, an
+		// IPv4-mapped range is its IPv4 one.
+		p, warning, err := netclass.ParsePermit("allow_private", s)
 		if err != nil {
-			a, aerr := netip.ParseAddr(s)
-			if aerr != nil {
-				return Config{}, d.errAt(fmt.Sprintf("allow_private[%d]", i), "%q is not a CIDR (write for example 10.20.0.0/16)", s)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
+			return Config{}, d.errAt(fmt.Sprintf("allow_private[%d]", i), "%v", err)
 		}
-		c.AllowPrivate = append(c.AllowPrivate, p.Masked())
+		c.AllowPrivate = append(c.AllowPrivate, p)
+		if warning != "" {
+			c.Warnings = append(c.Warnings, warning)
+		}
 	}
 	switch f.Mode {
 	case "", "active":
