@@ -56,6 +56,18 @@ type decision struct {
 	cached  bool
 	rtt     time.Duration
 	err     error
+	// policyBlock marks a name the policy blocks whose answer decide left
+	// to its caller: blocked() with this verdict, reason and rule, or the
+	// same packed by blockedWire.
+	policyBlock bool
+}
+
+// policyAnswer builds the answer decide left to its caller, if it did.
+func (d decision) policyAnswer(req, resp *dns.Msg) *dns.Msg {
+	if d.policyBlock {
+		return blocked(req, allowlist.Decision{Verdict: d.verdict, Reason: d.reason, Rule: d.rule})
+	}
+	return resp
 }
 
 // Handle answers one parsed query from client over network ("udp" or
@@ -69,7 +81,7 @@ func (s *Server) Handle(ctx context.Context, client netip.Addr, network string, 
 	if p != nil {
 		resp, d = s.finish(ctx, req, p, d)
 	}
-	return s.conclude(client, network, req, resp, d)
+	return s.conclude(client, network, req, d.policyAnswer(req, resp), d)
 }
 
 // handleNow is Handle for the batched UDP path: a cached answer is packed
@@ -90,7 +102,13 @@ func (s *Server) handleNow(ctx context.Context, client netip.Addr, req *dns.Msg,
 			return nil, wire, nil
 		}
 	}
-	return s.conclude(client, "udp", req, resp, d), nil, nil
+	if d.policyBlock {
+		if wire, ok := blockedWire(dst, req, d.reason, d.rule); ok {
+			s.logDecision(client, d)
+			return nil, wire, nil
+		}
+	}
+	return s.conclude(client, "udp", req, d.policyAnswer(req, resp), d), nil, nil
 }
 
 // conclude sets TC when resp does not fit the client and logs the decision.
@@ -144,8 +162,8 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 	d.verdict, d.reason, d.rule = pd.Verdict, pd.Reason, pd.Rule
 	if pd.Verdict != allowlist.Allow {
 		s.st.blocked.Add(1)
-		d.rcode = dns.RcodeNameError
-		return blocked(req, pd), d, nil
+		d.rcode, d.policyBlock = dns.RcodeNameError, true
+		return nil, d, nil
 	}
 
 	// Allowed: answered from the cache entry, or from the upstream.

@@ -120,3 +120,58 @@ func foldEqual(a, b []byte) bool {
 	}
 	return true
 }
+
+// blockedWire packs into dst the NXDOMAIN blocked() builds for a name the
+// policy refuses with reason and rule: the question as asked, and with
+// EDNS our OPT carrying EDE 15 "reason=... rule=...". It reports false when
+// that answer would not fit the client as it is (the slow path sheds).
+func blockedWire(dst []byte, req *dns.Msg, reason, rule string) ([]byte, bool) {
+	opt, _ := queryOPT(req)
+	if len(req.Question) != 1 {
+		return nil, false
+	}
+	q := req.Question[0]
+	b := append(dst[:0], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0) // the header, filled in below
+	binary.BigEndian.PutUint16(b, req.Id)
+	flags := uint16(1<<15 | 1<<7 | dns.RcodeNameError) // QR, RA, NXDOMAIN
+	if req.RecursionDesired {
+		flags |= 1 << 8
+	}
+	if req.CheckingDisabled {
+		flags |= 1 << 4
+	}
+	binary.BigEndian.PutUint16(b[2:], flags)
+	binary.BigEndian.PutUint16(b[4:], 1)
+	var qn [256]byte
+	l, err := dns.PackDomainName(q.Name, qn[:], 0, nil, false)
+	if err != nil {
+		return nil, false
+	}
+	b = append(b, qn[:l]...)
+	b = binary.BigEndian.AppendUint16(b, q.Qtype)
+	b = binary.BigEndian.AppendUint16(b, q.Qclass)
+	if opt != nil {
+		text := len("reason=") + len(reason)
+		if rule != "" {
+			text += len(" rule=") + len(rule)
+		}
+		var do byte
+		if opt.Do() {
+			do = 0x80
+		}
+		b = append(b, 0, 0, byte(dns.TypeOPT), MaxUDPSize>>8, MaxUDPSize&0xFF, 0, 0, do, 0)
+		b = binary.BigEndian.AppendUint16(b, uint16(4+2+text))             // RDATA: one option
+		b = binary.BigEndian.AppendUint16(b, dns.EDNS0EDE)                 // option code
+		b = binary.BigEndian.AppendUint16(b, uint16(2+text))               // option length
+		b = binary.BigEndian.AppendUint16(b, dns.ExtendedErrorCodeBlocked) // info code
+		b = append(append(b, "reason="...), reason...)
+		if rule != "" {
+			b = append(append(b, " rule="...), rule...)
+		}
+		binary.BigEndian.PutUint16(b[10:], 1)
+	}
+	if len(b) > maxSize(req, "udp") {
+		return nil, false
+	}
+	return b, true
+}

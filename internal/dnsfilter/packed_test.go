@@ -1,6 +1,7 @@
 package dnsfilter
 
 import (
+	"bytes"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/netclass"
 )
 
@@ -177,5 +179,53 @@ func TestCachedAnswerClassifiedOnEveryUse(t *testing.T) {
 	resp, wire, d := s.answer(req, nil, e, "example.com", decision{}, make([]byte, 0, 512))
 	if wire != nil || resp == nil || resp.Rcode != dns.RcodeNameError || d.reason != ReasonRebinding || d.class != string(netclass.HostAddress) {
 		t.Fatalf("address now the host's: packed %v, reason %q class %q; want NXDOMAIN %s, class %s", wire != nil, d.reason, d.class, ReasonRebinding, netclass.HostAddress)
+	}
+}
+
+// TestBlockedWireIsTheBuiltAnswer: the packed NXDOMAIN of a name the
+// policy blocks is byte for byte the answer blocked() builds and packs,
+// for every query variant, and is used whenever that answer fits as it is.
+func TestBlockedWireIsTheBuiltAnswer(t *testing.T) {
+	long := strings.Repeat("*.a-very-long-label-of-a-pattern", 7) + ".test"
+	used := 0
+	for _, name := range []string{"other.org.", "OTHER.Org.", "x.blocked.test.", strings.Repeat("abcdefghij.", 20) + "test."} {
+		for _, qtype := range []uint16{dns.TypeA, dns.TypeAAAA, dns.TypeTXT} {
+			for _, dec := range []struct{ reason, rule string }{{"not_allowlisted", ""}, {"special_use", "localhost"}, {"not_allowlisted", long}} {
+				for _, edns := range []uint16{0, 512, 1232} {
+					for _, do := range []bool{false, true} {
+						for _, bits := range []int{0, 1, 2, 3} {
+							req := new(dns.Msg)
+							req.SetQuestion(name, qtype)
+							req.Id = uint16(7 + bits)
+							req.RecursionDesired, req.CheckingDisabled = bits&1 != 0, bits&2 != 0
+							if edns > 0 {
+								req.SetEdns0(edns, do)
+							}
+							built := blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: dec.reason, Rule: dec.rule})
+							fits := fit(built, maxSize(req, "udp"))
+							want, err := built.Pack()
+							if err != nil {
+								t.Fatal(err)
+							}
+							got, ok := blockedWire(make([]byte, 0, 512), req, dec.reason, dec.rule)
+							where := fmt.Sprintf("%s %s edns=%d do=%v bits=%d rule=%d bytes", name, dns.TypeToString[qtype], edns, do, bits, len(dec.rule))
+							if ok != fits {
+								t.Errorf("%s: packed used = %v, built answer fits = %v", where, ok, fits)
+								continue
+							}
+							if ok {
+								used++
+								if !bytes.Equal(got, want) {
+									t.Errorf("%s:\npacked %x\nbuilt  %x", where, got, want)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	if used == 0 {
+		t.Fatal("the packed answer was never used")
 	}
 }
