@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os/exec"
@@ -13,6 +12,7 @@ import (
 	"github.com/abox-dev/abox/internal/doctor"
 	"github.com/abox-dev/abox/internal/hostfw"
 	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/limitio"
 	"github.com/abox-dev/abox/internal/libvirt"
 	"github.com/abox-dev/abox/internal/paths"
 	"github.com/abox-dev/abox/internal/validate"
@@ -140,11 +140,17 @@ func sshScript(l paths.Layout, st instance.State) doctor.Guest {
 		}
 		c := exec.CommandContext(ctx, "ssh", argv...)
 		c.Stdin = strings.NewReader(script)
-		var stderr bytes.Buffer
-		c.Stderr = &stderr
-		out, err := c.Output()
+		// The guest answers; it may answer without end.
+		stdout := &limitio.Buffer{Max: doctor.MaxGuestOutput, Fail: true}
+		stderr := &limitio.Buffer{Max: 64 << 10}
+		c.Stdout, c.Stderr = stdout, stderr
+		err = c.Run()
+		out := stdout.Bytes()
+		if stdout.Over() {
+			return nil, fmt.Errorf("ssh %s: the guest's answer passed %d bytes", st.Name, doctor.MaxGuestOutput)
+		}
 		if err != nil && len(out) == 0 {
-			return out, fmt.Errorf("ssh %s: %w: %s", st.Name, err, strings.TrimSpace(stderr.String()))
+			return out, fmt.Errorf("ssh %s: %w: %s", st.Name, err, strings.TrimSpace(string(stderr.Bytes())))
 		}
 		return out, nil
 	}

@@ -43,8 +43,13 @@ type Filters interface {
 	Status(ctx context.Context) (api.Status, error)
 }
 
-// Guest runs a shell script in the guest (over SSH) and returns its stdout.
+// Guest runs a shell script in the guest (over SSH) and returns its stdout,
+// of which it keeps at most MaxGuestOutput bytes (failing past that): the
+// guest is the one answering.
 type Guest func(ctx context.Context, script string) ([]byte, error)
+
+// MaxGuestOutput bounds a guest's answer to the probes.
+const MaxGuestOutput = 1 << 20
 
 // Instance is everything doctor looks at for one instance.
 type Instance struct {
