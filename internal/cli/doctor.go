@@ -12,8 +12,8 @@ import (
 	"github.com/abox-dev/abox/internal/doctor"
 	"github.com/abox-dev/abox/internal/hostfw"
 	"github.com/abox-dev/abox/internal/instance"
-	"github.com/abox-dev/abox/internal/limitio"
 	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/limitio"
 	"github.com/abox-dev/abox/internal/paths"
 	"github.com/abox-dev/abox/internal/validate"
 )
