@@ -144,10 +144,10 @@ func (t *Writer) Flush() error {
 
 // JSON returns JSON text with every rune a terminal acts on that JSON
 // leaves as it is (DEL, the C1 controls, the bidirectional controls)
-// written as a \uXXXX escape, and any stray C0 control (a carriage return
-// too) or invalid byte. JSON as encoders write it stays valid and means the
-// same: such runes can only stand inside its strings, where the escape is
-// their JSON spelling.
+// written as a \uXXXX escape, and so is any stray C0 control or invalid
+// byte; a carriage return, whitespace in valid JSON, becomes a space. Valid
+// JSON stays valid and means the same: the escaped runes can only stand
+// inside its strings, where the escape is their JSON spelling.
 func JSON(b []byte) []byte {
 	clean := true
 	for i := 0; i < len(b); {
@@ -167,6 +167,10 @@ func JSON(b []byte) []byte {
 		switch {
 		case r == utf8.RuneError && size <= 1:
 			out = append(out, `\ufffd`...)
+		case r == '\r':
+			// Only whitespace in valid JSON (inside a string it is
+			// escaped already).
+			out = append(out, ' ')
 		case Unsafe(r) && r != '\n' && r != '\t':
 			out = fmt.Appendf(out, `\u%04x`, r)
 		default:

@@ -112,3 +112,37 @@ func TestJSONStaysJSONAndSafe(t *testing.T) {
 		t.Errorf("JSON(%q) = %q", plain, got)
 	}
 }
+
+// FuzzTermtext: whatever the bytes, Clean's result is safe, the Writer's
+// output holds no unsafe rune but newline and tab however the input is
+// split across writes, and JSON keeps valid JSON's meaning.
+func FuzzTermtext(f *testing.F) {
+	for _, s := range hostile {
+		f.Add([]byte(s), uint8(3))
+	}
+	f.Add([]byte(`{"a":"\u001b","b":"`+"\u009b\u202e"+`"}`), uint8(1))
+	f.Fuzz(func(t *testing.T, in []byte, split uint8) {
+		if err := Check(Clean(string(in))); err != nil {
+			t.Fatalf("Clean(%q) = %q: %v", in, Clean(string(in)), err)
+		}
+		var b bytes.Buffer
+		w := NewWriter(&b)
+		step := int(split%7) + 1
+		for i := 0; i < len(in); i += step {
+			w.Write(in[i:min(i+step, len(in))])
+		}
+		w.Flush()
+		for _, line := range strings.Split(b.String(), "\n") {
+			if err := Check(strings.ReplaceAll(line, "\t", " ")); err != nil {
+				t.Fatalf("Writer(%q) line %q: %v", in, line, err)
+			}
+		}
+		var v1, v2 any
+		if json.Unmarshal(in, &v1) == nil {
+			out := JSON(in)
+			if err := json.Unmarshal(out, &v2); err != nil || !reflect.DeepEqual(v1, v2) {
+				t.Fatalf("JSON(%q) = %q: %v, meaning %v != %v", in, out, err, v1, v2)
+			}
+		}
+	})
+}
