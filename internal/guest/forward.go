@@ -193,12 +193,24 @@ func (a Access) RemoveForward(ctx context.Context, name string, f Forward) error
 	return nil
 }
 
+// hostPortFree checks that no host service holds port on loopback. The
+// forward listens on 127.0.0.1 only, but a service on [::1] alone would
+// see its IPv4 half taken: host clients of "localhost" would reach the
+// guest or the service depending on the address they try first.
 func hostPortFree(port uint16) error {
 	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))))
 	if err != nil {
 		return fmt.Errorf("host port 127.0.0.1:%d is not free: %w", port, err)
 	}
-	return ln.Close()
+	defer ln.Close()
+	ln6, err := net.Listen("tcp6", net.JoinHostPort("::1", strconv.Itoa(int(port))))
+	switch {
+	case err == nil:
+		return ln6.Close()
+	case errors.Is(err, syscall.EADDRINUSE):
+		return fmt.Errorf("host port %d is held by a service on [::1]: %w", port, err)
+	}
+	return nil // no IPv6 loopback here
 }
 
 func (a Access) forwardPIDFile(name string, f Forward) string {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -189,6 +190,19 @@ func TestForwardNeverListensOnAPrivilegedHostPort(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "privileged port") {
 			t.Errorf("forward from host port %d: %v", port, err)
 		}
+	}
+	if fs, err := a.Forwards("dev"); err != nil || len(fs) != 0 {
+		t.Errorf("refused forwards were recorded: %+v, %v", fs, err)
+	}
+	// A host service on [::1] alone holds the port too.
+	ln, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	defer ln.Close()
+	p := uint16(ln.Addr().(*net.TCPAddr).Port)
+	if err := a.AddForward(t.Context(), tg, Forward{HostPort: p, GuestPort: 8080}, true); err == nil || !strings.Contains(err.Error(), "[::1]") {
+		t.Errorf("forward over a service on [::1]:%d: %v", p, err)
 	}
 	if fs, err := a.Forwards("dev"); err != nil || len(fs) != 0 {
 		t.Errorf("refused forwards were recorded: %+v, %v", fs, err)
