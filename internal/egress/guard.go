@@ -102,6 +102,19 @@ func (g *Guard) Check(ctx context.Context, t Target) (*Checked, *Refusal) {
 	return &Checked{Target: t, Addrs: out}, nil
 }
 
+// Recheck classifies the addresses of an earlier Check again without a
+// lookup: what a CONNECT tunnel checked serves the requests inside it for
+// the tunnel's life, but never past an address policy that now refuses one
+// of them.
+func (g *Guard) Recheck(c *Checked) (*Checked, *Refusal) {
+	for _, a := range c.Addrs {
+		if cl := g.Policy.Check(a); !netclass.Allowed(cl) {
+			return nil, &Refusal{Reason: string(cl), Class: cl, Addr: a}
+		}
+	}
+	return c, nil
+}
+
 // Dial connects to the first checked address that answers. It never
 // resolves anything.
 func (g *Guard) Dial(ctx context.Context, c *Checked) (net.Conn, error) {

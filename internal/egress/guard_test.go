@@ -131,3 +131,28 @@ func TestGuardDialNothingUnchecked(t *testing.T) {
 		t.Fatal("Dial with no addresses succeeded")
 	}
 }
+
+// TestGuardRecheck: addresses checked earlier are classified again by the
+// policy in force, with no lookup; one it now refuses refuses the target.
+func TestGuardRecheck(t *testing.T) {
+	res := &seqResolver{answers: [][]netip.Addr{addrs("10.0.0.5")}}
+	open := &Guard{Resolver: res, Policy: netclass.New(netclass.Options{PermitHost: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})}
+	tgt, err := ParseAuthority("name.test:443", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, ref := open.Check(context.Background(), tgt)
+	if ref != nil {
+		t.Fatalf("check: %v", ref)
+	}
+	if got, ref := open.Recheck(c); ref != nil || got != c {
+		t.Errorf("recheck under the same policy: %v %v", got, ref)
+	}
+	closed := &Guard{Resolver: res, Policy: netclass.New(netclass.Options{})}
+	if _, ref := closed.Recheck(c); ref == nil || ref.Class != netclass.Private {
+		t.Errorf("recheck under a policy without the range: %v, want refused as private", ref)
+	}
+	if res.calls != 1 {
+		t.Errorf("%d lookups, want the one of Check", res.calls)
+	}
+}

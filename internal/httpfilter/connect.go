@@ -29,7 +29,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record
 		return
 	}
 	rec.setTarget(t)
-	d := p.decide(r.Context(), t)
+	d := p.decide(r.Context(), t, nil)
 	rec.apply(d)
 	if d.verdict != allowlist.Allow {
 		p.refuse(w, rec, d.status, d.reason, true)
@@ -73,7 +73,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record
 	case d.healthcheck:
 		// Answered here in every mode, TLS included: nothing leaves the host.
 		rec.mode = "healthcheck"
-		p.intercept(ctx, client, t, rec)
+		p.intercept(ctx, client, t, nil, rec)
 	case p.cfg.NoMITM || p.exceptions[t.Host()]:
 		rec.mode = "tunnel"
 		p.stats.tunnels.Add(1)
@@ -81,7 +81,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record
 	default:
 		rec.mode = "mitm"
 		p.stats.intercepted.Add(1)
-		p.intercept(ctx, client, t, rec)
+		p.intercept(ctx, client, t, d.checked, rec)
 	}
 	if use.revoked.Load() {
 		rec.verdict, rec.reason = allowlist.Block, ReasonRevoked
@@ -207,9 +207,10 @@ func (p *Proxy) tunnel(ctx context.Context, client net.Conn, checked *egress.Che
 }
 
 // intercept terminates the guest's TLS with a leaf from the instance CA and
-// serves the inner requests, each decided again by serveInner. Bytes that
-// are not TLS are served as plain HTTP under the same rules.
-func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target, rec *record) {
+// serves the inner requests, each decided again by serveInner against the
+// addresses the CONNECT checked. Bytes that are not TLS are served as plain
+// HTTP under the same rules.
+func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target, checked *egress.Checked, rec *record) {
 	client.SetReadDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
 	var first [1]byte
 	if _, err := io.ReadFull(client, first[:]); err != nil {
@@ -217,7 +218,7 @@ func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target,
 		return
 	}
 	client = withPrefix(client, first[:])
-	sc := &scope{connect: t, scheme: "https", defaultPort: 443}
+	sc := &scope{connect: t, checked: checked, scheme: "https", defaultPort: 443}
 	if first[0] != 0x16 { // not a TLS handshake record
 		client.SetReadDeadline(time.Time{})
 		sc.scheme, sc.defaultPort = "http", 80

@@ -40,7 +40,10 @@ func block(status int, reason string) decision {
 
 // decide: healthcheck, then (for IP literals) the address class, then the
 // allowlist, the port policy, one resolution and the class of every address.
-func (p *Proxy) decide(ctx context.Context, t egress.Target) decision {
+// pinned, when it checked the same target (the CONNECT of the tunnel an
+// inner request arrived in), stands in for the resolution: its addresses
+// are classified again, and the name is decided again as for any request.
+func (p *Proxy) decide(ctx context.Context, t egress.Target, pinned *egress.Checked) decision {
 	if t.Name == policy.HealthcheckName {
 		return decision{verdict: allowlist.Allow, reason: policy.ReasonHealthcheck, healthcheck: true}
 	}
@@ -67,7 +70,13 @@ func (p *Proxy) decide(ctx context.Context, t egress.Target) decision {
 	if !p.ports[t.Port] {
 		return block(http.StatusForbidden, ReasonPortNotAllowed)
 	}
-	checked, ref := p.guard.Check(ctx, t)
+	var checked *egress.Checked
+	var ref *egress.Refusal
+	if pinned != nil && pinned.Target.Same(t) {
+		checked, ref = p.guard.Recheck(pinned)
+	} else {
+		checked, ref = p.guard.Check(ctx, t)
+	}
 	if ref != nil {
 		status := http.StatusForbidden
 		if ref.Class == "" {

@@ -11,17 +11,20 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/egress"
 	"golang.org/x/net/http/httpguts"
+	"golang.org/x/net/http2"
 )
 
 // scope is what an intercepted connection was opened for.
 type scope struct {
 	connect     egress.Target
-	scheme      string // https for intercepted TLS, http for plain bytes in a tunnel
+	checked     *egress.Checked // what the CONNECT checked; nil for the healthcheck
+	scheme      string          // https for intercepted TLS, http for plain bytes in a tunnel
 	defaultPort uint16
 	sni         string
 }
@@ -36,6 +39,8 @@ type fwdState struct {
 	scheme      string
 	defaultPort uint16
 	rec         *record
+	sent        atomic.Int64      // request body bytes sent upstream
+	h2          *http2.ClientConn // set when the origin speaks HTTP/2
 }
 
 // ServeHTTP handles the guest's connection to the proxy: absolute-form
@@ -79,7 +84,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			p.finish(rec)
 			return
 		}
-		p.serveForward(w, r, rec, t, "http", 80)
+		p.serveForward(w, r, rec, t, "http", 80, nil)
 	case r.URL.IsAbs() && r.URL.Scheme == "https":
 		rec.host = r.URL.Hostname()
 		p.refuse(w, rec, http.StatusBadRequest, ReasonHTTPSInAbsolute, false)
@@ -149,18 +154,19 @@ func (p *Proxy) serveInner(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Header.Del("Host")
-	p.serveForward(w, r, rec, t, sc.scheme, sc.defaultPort)
+	p.serveForward(w, r, rec, t, sc.scheme, sc.defaultPort, sc.checked)
 }
 
-// serveForward decides t and forwards r to exactly the checked address.
-func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record, t egress.Target, scheme string, defPort uint16) {
+// serveForward decides t and forwards r to exactly the checked address;
+// pinned is the tunnel's checked target for an inner request.
+func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record, t egress.Target, scheme string, defPort uint16, pinned *egress.Checked) {
 	rec.setTarget(t)
 	if reason := upgradeRefusal(r.Header); reason != "" {
 		p.refuse(w, rec, http.StatusBadRequest, reason, true)
 		p.finish(rec)
 		return
 	}
-	d := p.decide(r.Context(), t)
+	d := p.decide(r.Context(), t, pinned)
 	rec.apply(d)
 	if d.healthcheck {
 		if r.Body != nil {
@@ -176,9 +182,8 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record
 		return
 	}
 	st := &fwdState{checked: d.checked, scheme: scheme, defaultPort: defPort, rec: rec}
-	ctx := context.WithValue(r.Context(), fwdKey{}, st)
 	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = &countingBody{ReadCloser: r.Body, n: &rec.up}
+		r.Body = &countingBody{ReadCloser: r.Body, n: &st.sent}
 	}
 	cw := &countingWriter{ResponseWriter: w, rec: rec, upgrade: len(r.Header["Upgrade"]) > 0}
 	// A plain-HTTP exchange on the guest's own connection may stream or
@@ -203,7 +208,8 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record
 		return
 	}
 	defer release()
-	p.rp.ServeHTTP(cw, r.WithContext(ctx))
+	abort := p.forward(r.Context(), cw, r, st)
+	rec.up = st.sent.Load()
 	if use != nil && use.revoked.Load() {
 		rec.verdict, rec.reason = allowlist.Block, ReasonRevoked
 	}
@@ -214,6 +220,11 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record
 		}
 	}
 	p.finish(rec)
+	if abort {
+		// The answer broke after its header: the guest must not take a
+		// truncated body for a whole one.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // upgradeRefusal allows WebSocket upgrades only; h2c would carry requests
@@ -286,9 +297,14 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 	if st != nil {
 		rec = st.rec
 	}
+	p.failUpstream(r.Context(), w, rec, err)
+}
+
+// failUpstream answers a request the upstream failed before any answer.
+func (p *Proxy) failUpstream(ctx context.Context, w http.ResponseWriter, rec *record, err error) {
 	rec.err = err
 	status, reason := classifyUpstreamErr(err)
-	if r.Context().Err() != nil {
+	if ctx.Err() != nil {
 		// The guest went away; nobody reads this answer.
 		rec.verdict, rec.reason, rec.status = allowlist.Allow, "client_gone", 499
 		return
@@ -353,12 +369,12 @@ func (u *upgradeCloser) Unwrap() http.ResponseWriter { return u.ResponseWriter }
 // countingBody counts request body bytes sent upstream.
 type countingBody struct {
 	io.ReadCloser
-	n *int64
+	n *atomic.Int64 // written by whoever sends the body, read by the handler
 }
 
 func (b *countingBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	*b.n += int64(n)
+	b.n.Add(int64(n))
 	return n, err
 }
 

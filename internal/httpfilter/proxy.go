@@ -106,7 +106,10 @@ type Proxy struct {
 	lines      *decisionlog.Writer // nil: decision lines go through dlog
 	log        *slog.Logger
 
-	transport *http.Transport
+	transport *http.Transport // WebSocket upgrades only
+	pool      *upstreamPool   // HTTP/1.1 and HTTP/2 connections to origins
+	upTLS     *tls.Config     // verifies origins; a copy per dial names the server
+	h2t       *http2.Transport
 	rp        *httputil.ReverseProxy
 	h2        *http2.Server
 	inner     *http.Server // serves intercepted HTTP/1.1 connections
@@ -228,9 +231,17 @@ func New(cfg Config) (*Proxy, error) {
 		// change the bytes it receives.
 		DisableCompression: true,
 	}
+	p.upTLS = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
+	p.pool = newUpstreamPool()
+	h2base := p.transport.Clone()
+	h2t, err := http2.ConfigureTransports(h2base)
+	if err != nil {
+		return nil, fmt.Errorf("creating http filter: %w", err)
+	}
+	p.h2t = h2t
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:   p.rewrite,
-		Transport: p.transport,
+		Transport: upstreamRT{p},
 		// 0: ReverseProxy itself flushes every write of SSE and of bodies of
 		// unknown length (streams, long polls); known lengths are buffered.
 		FlushInterval: 0,
@@ -322,6 +333,7 @@ func (p *Proxy) shutdown(outer *http.Server) {
 		c.Close()
 	}
 	p.transport.CloseIdleConnections()
+	p.pool.closeIdle()
 	p.keylog.set(false)
 }
 
@@ -359,6 +371,18 @@ func (p *Proxy) guardRefused(client, connect, reason string) {
 	}
 	p.finish(&record{start: time.Now(), kind: "http", client: client, connect: connect, status: status,
 		verdict: allowlist.Block, reason: reason, denialID: newDenialID()})
+}
+
+// upstreamRT sends ReverseProxy's requests: over the HTTP/2 connection the
+// request's forward chose, else (WebSocket upgrades) through the Transport,
+// whose only dialer is dialUpstream.
+type upstreamRT struct{ p *Proxy }
+
+func (t upstreamRT) RoundTrip(r *http.Request) (*http.Response, error) {
+	if st, _ := r.Context().Value(fwdKey{}).(*fwdState); st != nil && st.h2 != nil {
+		return st.h2.RoundTrip(r)
+	}
+	return t.p.transport.RoundTrip(r)
 }
 
 type bufferPool struct{}

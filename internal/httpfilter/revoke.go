@@ -19,6 +19,10 @@ const ReasonRevoked = "policy_revoked"
 // policyPoll is how often the proxy looks for a new allowlist or mode.
 const policyPoll = 250 * time.Millisecond
 
+// poolSweepTicks: every this many polls the upstream pool is swept even
+// without a policy change.
+const poolSweepTicks = 8
+
 // connKey carries the guest's outer connection in a request context.
 type connKey struct{}
 
@@ -93,13 +97,14 @@ func (p *Proxy) stillAllowed(t egress.Target) bool {
 	return policy.Evaluate(p.cfg.Policy.List(), mode, t.Name).Verdict == allowlist.Allow
 }
 
-// watchPolicy closes held connections whose target the policy no longer
-// allows, whenever the allowlist in force or the mode changes.
+// watchPolicy closes held connections, and pooled upstream connections,
+// whose target the policy no longer allows, whenever the allowlist in force
+// or the mode changes.
 func (p *Proxy) watchPolicy(ctx context.Context) {
 	tk := time.NewTicker(policyPoll)
 	defer tk.Stop()
 	list, mode := p.cfg.Policy.List(), p.cfg.Policy.Mode()
-	for {
+	for tick := 1; ; tick++ {
 		select {
 		case <-ctx.Done():
 			return
@@ -107,10 +112,16 @@ func (p *Proxy) watchPolicy(ctx context.Context) {
 		}
 		l, m := p.cfg.Policy.List(), p.cfg.Policy.Mode()
 		if l == list && m == mode {
+			if tick%poolSweepTicks == 0 {
+				// Idle timeouts, and connections put back by a request
+				// decided just before a change.
+				p.pool.sweep(p.stillAllowed)
+			}
 			continue
 		}
 		list, mode = l, m
 		p.revokeStale()
+		p.pool.sweep(p.stillAllowed)
 		p.stats.policyChanges.Add(1)
 	}
 }

@@ -1,0 +1,270 @@
+package httpfilter
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/textproto"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+	"golang.org/x/net/http2"
+)
+
+// hopHeaders are the hop-by-hop fields (RFC 9110 7.6.1) and the proxy's own,
+// removed in both directions together with every name listed in Connection.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+func removeHopByHop(h http.Header) {
+	for _, v := range h["Connection"] {
+		for _, tok := range strings.Split(v, ",") {
+			if tok = textproto.TrimString(tok); tok != "" {
+				delete(h, textproto.CanonicalMIMEHeaderKey(tok))
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		delete(h, k)
+	}
+}
+
+// errStale is an exchange that failed on a reused connection before the
+// origin sent a byte: the origin closed it while idle, and a request
+// without a body may be sent again on a new one.
+var errStale = errors.New("upstream closed an idle connection")
+
+// forward sends r to the checked target of st and streams the answer to w:
+// HTTP/1.1 over the proxy's own pooled connections, HTTP/2 (origins that
+// offer it) and WebSocket upgrades through ReverseProxy. It reports whether
+// the guest's answer must be aborted (the body broke after the header).
+func (p *Proxy) forward(ctx context.Context, w *countingWriter, r *http.Request, st *fwdState) (abort bool) {
+	if w.upgrade {
+		return p.reverseProxy(ctx, w, r, st)
+	}
+	useTLS := st.scheme == "https"
+	for attempt := 0; ; attempt++ {
+		var u *upConn
+		var cc *http2.ClientConn
+		reused := false
+		if attempt == 0 {
+			u, cc = p.pool.get(st.checked, useTLS)
+			reused = u != nil
+		}
+		if u == nil && cc == nil {
+			var err error
+			u, cc, err = p.dialUpstreamConn(ctx, st)
+			if err != nil {
+				p.failUpstream(ctx, w, st.rec, err)
+				return false
+			}
+		}
+		if cc != nil {
+			st.h2 = cc
+			return p.reverseProxy(ctx, w, r, st)
+		}
+		abort, err := p.exchange(ctx, w, r, st, u)
+		if errors.Is(err, errStale) && reused && (r.Body == nil || r.Body == http.NoBody) {
+			continue
+		}
+		if err != nil {
+			p.failUpstream(ctx, w, st.rec, err)
+		}
+		return abort
+	}
+}
+
+func (p *Proxy) reverseProxy(ctx context.Context, w *countingWriter, r *http.Request, st *fwdState) (abort bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler {
+				panic(v)
+			}
+			abort = true
+		}
+	}()
+	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, fwdKey{}, st)))
+	return false
+}
+
+// exchange writes r on u and copies the response to w. An error is
+// returned only while nothing was answered to the guest (the caller
+// answers 502/504); abort means the answer broke after its header.
+func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request, st *fwdState, u *upConn) (abort bool, err error) {
+	// The guest going away (or a revocation closing its connection) ends
+	// the exchange at once, whatever the origin is doing.
+	stop := context.AfterFunc(ctx, u.close)
+	reuse := false
+	defer func() {
+		if stop() && reuse {
+			p.pool.put(u)
+		} else {
+			u.close()
+		}
+	}()
+
+	out := p.outbound(r, st)
+	u.lim.read = 0
+	var wdone chan error
+	if out.Body != nil {
+		// A body is written while the answer is read: an origin may answer
+		// (413, 401) before it has read the body.
+		wdone = make(chan error, 1)
+		go func() {
+			err := out.Write(u.bw)
+			if err == nil {
+				err = u.bw.Flush()
+			}
+			wdone <- err
+		}()
+	} else {
+		err := out.Write(u.bw)
+		if err == nil {
+			err = u.bw.Flush()
+		}
+		if err != nil {
+			return false, errStale
+		}
+	}
+
+	u.c.SetReadDeadline(time.Now().Add(p.cfg.ResponseHeaderTimeout))
+	u.lim.limited, u.lim.n = true, upMaxResponseHeader
+	resp, err := http.ReadResponse(u.br, out)
+	for err == nil && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+		// Informational answers (100 Continue, 103 Early Hints): the
+		// guest's own server answers 100-continue; others are passed on.
+		if resp.StatusCode != http.StatusContinue {
+			h := w.Header()
+			for k, vv := range resp.Header {
+				h[k] = vv
+			}
+			w.ResponseWriter.WriteHeader(resp.StatusCode)
+			clear(h)
+		}
+		resp, err = http.ReadResponse(u.br, out)
+	}
+	u.lim.limited = false
+	u.c.SetReadDeadline(time.Time{})
+	if err != nil {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		if u.lim.read == 0 && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err)) {
+			return false, errStale
+		}
+		return false, err
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		return false, errors.New("reading upstream response: 101 Switching Protocols to a request without Upgrade")
+	}
+
+	removeHopByHop(resp.Header)
+	h := w.Header()
+	for k, vv := range resp.Header {
+		h[k] = vv
+	}
+	if len(resp.Trailer) > 0 {
+		keys := make([]string, 0, len(resp.Trailer))
+		for k := range resp.Trailer {
+			keys = append(keys, k)
+		}
+		h["Trailer"] = []string{strings.Join(keys, ", ")}
+	}
+	w.WriteHeader(resp.StatusCode)
+	flush := resp.ContentLength == -1 || isEventStream(resp.Header)
+	bp := copyBufs.Get().(*[]byte)
+	rerr, werr := copyBody(w, resp.Body, *bp, flush)
+	copyBufs.Put(bp)
+	if rerr != nil || werr != nil {
+		st.rec.err = errors.Join(rerr, werr)
+		return true, nil
+	}
+	for k, vv := range resp.Trailer {
+		h[k] = vv
+	}
+	reuse = !resp.Close && !out.Close
+	if wdone != nil {
+		select {
+		case werr := <-wdone:
+			reuse = reuse && werr == nil
+		default:
+			// The origin answered before it took the whole body: this
+			// connection is done; closing it ends the writer.
+			reuse = false
+		}
+	}
+	return false, nil
+}
+
+// copyBody streams the response body; rerr is the origin's failure, werr
+// the guest's.
+func copyBody(w *countingWriter, body io.Reader, buf []byte, flush bool) (rerr, werr error) {
+	for {
+		k, err := body.Read(buf)
+		if k > 0 {
+			if _, e := w.Write(buf[:k]); e != nil {
+				return nil, e
+			}
+			if flush {
+				w.Flush()
+			}
+		}
+		if err == io.EOF {
+			return nil, nil
+		}
+		if err != nil {
+			return err, nil
+		}
+	}
+}
+
+func isEventStream(h http.Header) bool {
+	v := h["Content-Type"]
+	return len(v) > 0 && strings.HasPrefix(strings.ToLower(strings.TrimSpace(v[0])), "text/event-stream")
+}
+
+// outbound turns the guest's request into the one sent upstream: the
+// checked authority, no hop-by-hop or proxy fields (those ReverseProxy
+// removes too, including inbound X-Forwarded-*), and no default
+// User-Agent where the guest sent none.
+func (p *Proxy) outbound(r *http.Request, st *fwdState) *http.Request {
+	t := st.checked.Target
+	u := *r.URL
+	u.Scheme, u.Host, u.User = st.scheme, t.Authority(), nil
+	h := r.Header
+	keepTE := httpguts.HeaderValuesContainsToken(h["Te"], "trailers")
+	removeHopByHop(h)
+	if keepTE {
+		h["Te"] = []string{"trailers"}
+	}
+	delete(h, "X-Forwarded-For")
+	delete(h, "X-Forwarded-Host")
+	delete(h, "X-Forwarded-Proto")
+	if _, ok := h["User-Agent"]; !ok {
+		h["User-Agent"] = []string{""}
+	}
+	out := &http.Request{
+		Method:        r.Method,
+		URL:           &u,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        h,
+		Host:          t.HostHeader(st.defaultPort),
+		ContentLength: r.ContentLength,
+		Trailer:       r.Trailer,
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		out.Body = r.Body
+	}
+	return out
+}
+
+func isReset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}

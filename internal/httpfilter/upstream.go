@@ -1,0 +1,314 @@
+package httpfilter
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/abox-dev/abox/internal/egress"
+)
+
+// Limits of the upstream connection pool.
+const (
+	// upIdleTimeout closes a pooled connection nobody used for this long.
+	upIdleTimeout = 90 * time.Second
+	// upMaxIdlePerKey and upMaxIdle bound the idle connections kept per
+	// key and in all.
+	upMaxIdlePerKey = 64
+	upMaxIdle       = 512
+	// upMaxResponseHeader bounds an upstream response header block.
+	upMaxResponseHeader = 1 << 20
+	upReadBuf           = 8 << 10
+	upWriteBuf          = 4 << 10
+)
+
+// upstreamKey names a pooled upstream connection by what was checked: the
+// address it is connected to (one of a decision's checked addresses), the
+// host it was opened for (for TLS the server name its certificate was
+// verified for) and whether it is TLS. A connection is only ever reused for
+// a request whose own decision checked that same address for that same
+// host, so a name that now resolves elsewhere, or an address that was
+// checked for another name, never gets it.
+type upstreamKey struct {
+	addr netip.AddrPort
+	host string
+	tls  bool
+}
+
+// upConn is one HTTP/1.1 connection to an origin.
+type upConn struct {
+	key    upstreamKey
+	t      egress.Target // what it was opened for (revocation)
+	c      net.Conn      // the idleConn, or a tls.Conn over it
+	raw    *idleConn
+	lim    limitReader // between br and c: bounds the response header
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	pooled bool      // it can be put back (its key is a real address)
+	idleAt time.Time // when it was put back
+}
+
+func (u *upConn) close() { u.c.Close() }
+
+// limitReader refuses to read more than n bytes while limited; the header
+// phase of a response is limited, its body is not.
+type limitReader struct {
+	r       io.Reader
+	limited bool
+	n       int64
+	read    int64 // bytes read since the counter was last reset
+}
+
+var errResponseHeaderTooLarge = errors.New("reading upstream response: header larger than 1 MiB")
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if l.limited {
+		if l.n <= 0 {
+			return 0, errResponseHeaderTooLarge
+		}
+		if int64(len(p)) > l.n {
+			p = p[:l.n]
+		}
+	}
+	n, err := l.r.Read(p)
+	if l.limited {
+		l.n -= int64(n)
+	}
+	l.read += int64(n)
+	return n, err
+}
+
+// upstreamPool holds idle HTTP/1.1 connections and shared HTTP/2
+// connections to origins, keyed by upstreamKey.
+type upstreamPool struct {
+	mu    sync.Mutex
+	idle  map[upstreamKey][]*upConn
+	nidle int
+	h2    map[upstreamKey][]*h2Conn
+}
+
+type h2Conn struct {
+	cc *http2.ClientConn
+	t  egress.Target
+}
+
+func newUpstreamPool() *upstreamPool {
+	return &upstreamPool{idle: map[upstreamKey][]*upConn{}, h2: map[upstreamKey][]*h2Conn{}}
+}
+
+// get returns an idle HTTP/1.1 connection or a usable HTTP/2 connection to
+// one of c's checked addresses for c's host, in the order they were
+// checked; nil, nil when there is none.
+func (p *upstreamPool) get(c *egress.Checked, useTLS bool) (*upConn, *http2.ClientConn) {
+	host := c.Target.Host()
+	now := time.Now()
+	var stale []*upConn
+	p.mu.Lock()
+	for _, a := range c.Addrs {
+		k := upstreamKey{addr: netip.AddrPortFrom(a, c.Target.Port), host: host, tls: useTLS}
+		if hs := p.h2[k]; len(hs) > 0 {
+			for _, h := range hs {
+				if h.cc.CanTakeNewRequest() {
+					p.mu.Unlock()
+					return nil, h.cc
+				}
+			}
+		}
+		list := p.idle[k]
+		for len(list) > 0 {
+			u := list[len(list)-1]
+			list = list[:len(list)-1]
+			p.nidle--
+			if now.Sub(u.idleAt) > upIdleTimeout || !u.alive() {
+				stale = append(stale, u)
+				continue
+			}
+			p.setIdle(k, list)
+			p.mu.Unlock()
+			closeAll(stale)
+			return u, nil
+		}
+		p.setIdle(k, list)
+	}
+	p.mu.Unlock()
+	closeAll(stale)
+	return nil, nil
+}
+
+func (p *upstreamPool) setIdle(k upstreamKey, list []*upConn) {
+	if len(list) == 0 {
+		delete(p.idle, k)
+		return
+	}
+	p.idle[k] = list
+}
+
+// put gives back a connection whose last exchange ended cleanly.
+func (p *upstreamPool) put(u *upConn) {
+	if !u.pooled {
+		u.close()
+		return
+	}
+	u.idleAt = time.Now()
+	p.mu.Lock()
+	if p.nidle >= upMaxIdle || len(p.idle[u.key]) >= upMaxIdlePerKey {
+		p.mu.Unlock()
+		u.close()
+		return
+	}
+	p.idle[u.key] = append(p.idle[u.key], u)
+	p.nidle++
+	p.mu.Unlock()
+}
+
+// addH2 shares a new HTTP/2 connection under k.
+func (p *upstreamPool) addH2(k upstreamKey, t egress.Target, cc *http2.ClientConn) {
+	p.mu.Lock()
+	p.h2[k] = append(p.h2[k], &h2Conn{cc: cc, t: t})
+	p.mu.Unlock()
+}
+
+// sweep closes idle connections that timed out or whose target keep no
+// longer passes (a policy change revoked it), and HTTP/2 connections that
+// are done or revoked (closing those interrupts their streams).
+func (p *upstreamPool) sweep(keep func(egress.Target) bool) {
+	now := time.Now()
+	var closeH1 []*upConn
+	var closeH2 []*http2.ClientConn
+	p.mu.Lock()
+	for k, list := range p.idle {
+		kept := list[:0]
+		for _, u := range list {
+			if now.Sub(u.idleAt) > upIdleTimeout || !keep(u.t) {
+				closeH1 = append(closeH1, u)
+				p.nidle--
+				continue
+			}
+			kept = append(kept, u)
+		}
+		p.setIdle(k, kept)
+	}
+	for k, hs := range p.h2 {
+		kept := hs[:0]
+		for _, h := range hs {
+			st := h.cc.State()
+			if st.Closed || (!h.cc.CanTakeNewRequest() && st.StreamsActive == 0) || !keep(h.t) {
+				closeH2 = append(closeH2, h.cc)
+				continue
+			}
+			if st.StreamsActive == 0 && now.Sub(st.LastIdle) > upIdleTimeout && !st.LastIdle.IsZero() {
+				closeH2 = append(closeH2, h.cc)
+				continue
+			}
+			kept = append(kept, h)
+		}
+		if len(kept) == 0 {
+			delete(p.h2, k)
+		} else {
+			p.h2[k] = kept
+		}
+	}
+	p.mu.Unlock()
+	closeAll(closeH1)
+	for _, cc := range closeH2 {
+		cc.Close()
+	}
+}
+
+// closeIdle closes every pooled connection (shutdown).
+func (p *upstreamPool) closeIdle() {
+	p.sweep(func(egress.Target) bool { return false })
+}
+
+func closeAll(us []*upConn) {
+	for _, u := range us {
+		u.close()
+	}
+}
+
+// alive reports whether an idle connection can carry another request: the
+// origin has not closed it and, for plain HTTP, sent nothing unasked (TLS
+// connections may carry session tickets). One non-blocking peek.
+func (u *upConn) alive() bool {
+	if u.br.Buffered() > 0 && !u.key.tls {
+		return false
+	}
+	sc, ok := u.raw.Conn.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	alive := true
+	var b [1]byte
+	rc.Read(func(fd uintptr) bool {
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch {
+		case errors.Is(err, syscall.EAGAIN):
+		case err != nil || n == 0:
+			alive = false // reset, or closed by the origin
+		case !u.key.tls:
+			alive = false // bytes nobody asked for
+		}
+		return true
+	})
+	return alive
+}
+
+// dialUpstreamConn opens a connection to one of st's checked addresses:
+// TLS for https, offering HTTP/2 and HTTP/1.1. An origin that picks HTTP/2
+// gets a shared HTTP/2 connection (h2 set), any other an upConn.
+func (p *Proxy) dialUpstreamConn(ctx context.Context, st *fwdState) (*upConn, *http2.ClientConn, error) {
+	c, err := p.guard.Dial(ctx, st.checked)
+	if err != nil {
+		return nil, nil, err
+	}
+	p.stats.upstreamDials.Add(1)
+	raw := newIdleConn(c, p.cfg.IdleTimeout, nil)
+	t := st.checked.Target
+	useTLS := st.scheme == "https"
+	u := &upConn{t: t, raw: raw, c: raw}
+	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
+		u.key = upstreamKey{addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), host: t.Host(), tls: useTLS}
+		u.pooled = true
+	}
+	if useTLS {
+		cfg := p.upTLS.Clone()
+		cfg.ServerName = t.Host()
+		tc := tls.Client(raw, cfg)
+		hctx, cancel := context.WithTimeout(ctx, p.cfg.HandshakeTimeout)
+		err := tc.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			raw.Close()
+			return nil, nil, err
+		}
+		if tc.ConnectionState().NegotiatedProtocol == "h2" {
+			cc, err := p.h2t.NewClientConn(tc)
+			if err != nil {
+				tc.Close()
+				return nil, nil, err
+			}
+			if u.pooled {
+				p.pool.addH2(u.key, t, cc)
+			}
+			return nil, cc, nil
+		}
+		u.c = tc
+	}
+	u.lim.r = u.c
+	u.br = bufio.NewReaderSize(&u.lim, upReadBuf)
+	u.bw = bufio.NewWriterSize(u.c, upWriteBuf)
+	return u, nil, nil
+}
