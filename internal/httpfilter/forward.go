@@ -402,6 +402,23 @@ func (w *countingWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
+// ReadFrom passes a body source on to the response writer (net/http's
+// moves a spliceBody inside the kernel) and counts it.
+func (w *countingWriter) ReadFrom(r io.Reader) (int64, error) {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	var n int64
+	var err error
+	if rf, ok := w.ResponseWriter.(io.ReaderFrom); ok {
+		n, err = rf.ReadFrom(r)
+	} else {
+		n, err = copyVia(w.ResponseWriter, r)
+	}
+	w.rec.down += n
+	return n, err
+}
+
 func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *countingWriter) Flush() {

@@ -176,10 +176,15 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		h["Trailer"] = []string{strings.Join(keys, ", ")}
 	}
 	w.WriteHeader(resp.StatusCode)
-	flush := resp.ContentLength == -1 || isEventStream(resp.Header)
-	bp := copyBufs.Get().(*[]byte)
-	rerr, werr := copyBody(w, resp.Body, *bp, flush)
-	copyBufs.Put(bp)
+	var rerr, werr error
+	if !u.key.tls && resp.ContentLength >= spliceMin && out.Method != http.MethodHead {
+		rerr, werr = spliceResponse(w, u, resp.ContentLength)
+	} else {
+		flush := resp.ContentLength == -1 || isEventStream(resp.Header)
+		bp := copyBufs.Get().(*[]byte)
+		rerr, werr = copyBody(w, resp.Body, *bp, flush)
+		copyBufs.Put(bp)
+	}
 	if rerr != nil || werr != nil {
 		st.rec.err = errors.Join(rerr, werr)
 		return true, nil
@@ -199,6 +204,31 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		}
 	}
 	return false, nil
+}
+
+// spliceResponse sends a plain-HTTP body of n bytes: what the header read
+// buffered, then the rest straight from the upstream connection, inside the
+// kernel when the guest's connection is plain TCP. The response's own body
+// reader is bypassed; the connection ends exactly after the body.
+func spliceResponse(w *countingWriter, u *upConn, n int64) (rerr, werr error) {
+	if k := min(int64(u.br.Buffered()), n); k > 0 {
+		b, _ := u.br.Peek(int(k))
+		if _, err := w.Write(b); err != nil {
+			return nil, err
+		}
+		u.br.Discard(int(k))
+		n -= k
+	}
+	sb := &spliceBody{src: u.raw, n: n}
+	_, err := w.ReadFrom(sb)
+	if err == nil && sb.n > 0 {
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		// Which side failed is not told apart here; both end the exchange.
+		return err, nil
+	}
+	return nil, nil
 }
 
 // copyBody streams the response body; rerr is the origin's failure, werr

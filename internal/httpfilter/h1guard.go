@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 )
 
 // h1Guard validates every HTTP/1.x request header block that crosses a
@@ -21,8 +22,9 @@ type h1Guard struct {
 	net.Conn
 	maxHeader int
 
-	wmu      sync.Mutex // serialises Write with the guard's own refusal
-	rejected bool       // guarded by wmu
+	wmu      sync.Mutex     // serialises Write with the guard's own refusal
+	rejected bool           // guarded by wmu
+	spliced  *atomic.Uint64 // counts bodies moved in the kernel (ReadFrom); never nil
 
 	st       h1State
 	line     []byte
@@ -57,8 +59,11 @@ type guardReject struct {
 }
 
 func newH1Guard(c net.Conn, maxHeader int, onReject func(string)) *h1Guard {
-	return &h1Guard{Conn: c, maxHeader: maxHeader, first: true, onReject: onReject}
+	return &h1Guard{Conn: c, maxHeader: maxHeader, first: true, onReject: onReject, spliced: &noSplices}
 }
+
+// noSplices counts for guards nobody asks (intercepted connections).
+var noSplices atomic.Uint64
 
 func (g *h1Guard) Read(p []byte) (int, error) {
 	n, err := g.Conn.Read(p)

@@ -27,16 +27,25 @@ func startConnOrigin(t *testing.T, name, addr string, useTLS bool) *connOrigin {
 	return startOrigin(t, name, addr, useTLS, false)
 }
 
+// startConnOriginMux is a plain connOrigin serving mux.
+func startConnOriginMux(t *testing.T, mux http.Handler) *connOrigin {
+	return startOriginWith(t, "mux", "", false, false, mux)
+}
+
 // startOrigin starts a connOrigin; h2 offers HTTP/2 (TLS only).
 func startOrigin(t *testing.T, name, addr string, useTLS, h2 bool) *connOrigin {
-	t.Helper()
-	o := &connOrigin{name: name}
-	s := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return startOriginWith(t, name, addr, useTLS, h2, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("X-Origin", name)
 		w.Header().Set("X-Proto", r.Proto)
 		fmt.Fprintf(w, "%s %s\n", name, r.Host)
 	}))
+}
+
+func startOriginWith(t *testing.T, name, addr string, useTLS, h2 bool, handler http.Handler) *connOrigin {
+	t.Helper()
+	o := &connOrigin{name: name}
+	s := httptest.NewUnstartedServer(handler)
 	if addr != "" {
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {

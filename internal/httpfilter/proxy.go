@@ -354,7 +354,9 @@ func (p *Proxy) track(c net.Conn, release func()) net.Conn {
 	p.connsMu.Lock()
 	p.conns[ic] = struct{}{}
 	p.connsMu.Unlock()
-	return newH1Guard(ic, p.cfg.MaxHeaderBytes, func(reason string) { p.guardRefused(c.RemoteAddr().String(), "", reason) })
+	g := newH1Guard(ic, p.cfg.MaxHeaderBytes, func(reason string) { p.guardRefused(c.RemoteAddr().String(), "", reason) })
+	g.spliced = &p.stats.splicedBodies
+	return g
 }
 
 // guardRefused logs and counts a request the h1 guard refused before
@@ -454,6 +456,8 @@ type stats struct {
 	// policyChanges counts the allowlist or mode changes whose revocation
 	// pass has run.
 	policyChanges atomic.Uint64
+	// splicedBodies counts plain-HTTP response bodies moved by splice(2).
+	splicedBodies atomic.Uint64
 	mu            sync.Mutex
 	blocked       map[string]uint64
 }

@@ -1,0 +1,81 @@
+package httpfilter
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"testing"
+)
+
+// pattern is n deterministic, non-repeating bytes.
+func pattern(n int) []byte {
+	b := make([]byte, n)
+	r := rand.NewChaCha8([32]byte{1, 2, 3})
+	r.Read(b)
+	return b
+}
+
+// TestSplicedBodyExact: a large plain-HTTP body moved inside the kernel
+// arrives byte for byte, the upstream connection is reused after it, and a
+// body the origin cuts short reaches the guest as a broken response, never
+// as a whole one.
+func TestSplicedBodyExact(t *testing.T) {
+	const size = 3<<20 + 12345
+	body := pattern(size)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/pattern", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		w.Write(body)
+	})
+	mux.HandleFunc("/cut", func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		fmt.Fprintf(brw, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", size)
+		brw.Write(body[:size/3])
+		brw.Flush()
+	})
+	h := newHarness(t, hopts{allow: []string{"origin.test"}})
+	o := startConnOriginMux(t, mux)
+	h.allowOrigin("origin.test", o, port(t, o.Server))
+	want := sha256.Sum256(body)
+
+	c := h.dialProxy(t)
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for i := 0; i < 2; i++ {
+		fmt.Fprintf(c, "GET http://origin.test:%s/pattern HTTP/1.1\r\nHost: origin.test\r\n\r\n", port(t, o.Server))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := sha256.New()
+		n, err := io.Copy(hs, resp.Body)
+		resp.Body.Close()
+		if err != nil || n != size || [32]byte(hs.Sum(nil)) != want {
+			t.Fatalf("download %d: %d bytes, err %v, digest match %v; want %d exact bytes", i, n, err, [32]byte(hs.Sum(nil)) == want, size)
+		}
+	}
+	if got := h.p.stats.splicedBodies.Load(); got != 2 {
+		t.Errorf("%d bodies spliced, want 2", got)
+	}
+	if n := o.opened.Load(); n != 1 {
+		t.Errorf("origin saw %d connections for two downloads, want 1 (reused after a spliced body)", n)
+	}
+
+	fmt.Fprintf(c, "GET http://origin.test:%s/cut HTTP/1.1\r\nHost: origin.test\r\n\r\n", port(t, o.Server))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	if err == nil || n >= size {
+		t.Errorf("a body cut short by the origin arrived as %d bytes with err %v; want a broken response", n, err)
+	}
+}
