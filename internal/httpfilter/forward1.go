@@ -34,10 +34,34 @@ func removeHopByHop(h http.Header) {
 	}
 }
 
-// errStale is an exchange that failed on a reused connection before the
-// origin sent a byte: the origin closed it while idle, and a request
-// without a body may be sent again on a new one.
-var errStale = errors.New("upstream closed an idle connection")
+// errStaleWrite and errStaleRead are exchanges that failed on a reused
+// connection before the origin sent a byte: it closed the connection while
+// idle. A request without a body is sent again on a new one when writing it
+// failed, or when it is idempotent (as http.Transport does): otherwise the
+// origin may have acted on it.
+var (
+	errStaleWrite = errors.New("writing to upstream: connection closed")
+	errStaleRead  = errors.New("reading upstream response: connection closed before any byte")
+)
+
+func retryable(err error, r *http.Request) bool {
+	if r.Body != nil && r.Body != http.NoBody {
+		return false
+	}
+	if errors.Is(err, errStaleWrite) {
+		return true
+	}
+	if !errors.Is(err, errStaleRead) {
+		return false
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return true
+	}
+	_, a := r.Header["Idempotency-Key"]
+	_, b := r.Header["X-Idempotency-Key"]
+	return a || b
+}
 
 // forward sends r to the checked target of st and streams the answer to w:
 // HTTP/1.1 over the proxy's own pooled connections, HTTP/2 (origins that
@@ -69,7 +93,7 @@ func (p *Proxy) forward(ctx context.Context, w *countingWriter, r *http.Request,
 			return p.reverseProxy(ctx, w, r, st)
 		}
 		abort, err := p.exchange(ctx, w, r, st, u)
-		if errors.Is(err, errStale) && reused && (r.Body == nil || r.Body == http.NoBody) {
+		if reused && retryable(err, r) {
 			continue
 		}
 		if err != nil {
@@ -128,7 +152,7 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 			err = u.bw.Flush()
 		}
 		if err != nil {
-			return false, errStale
+			return false, errStaleWrite
 		}
 	}
 
@@ -155,7 +179,7 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 			return false, ctx.Err()
 		}
 		if u.lim.read == 0 && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err)) {
-			return false, errStale
+			return false, errStaleRead
 		}
 		return false, err
 	}

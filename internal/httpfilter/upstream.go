@@ -236,11 +236,12 @@ func closeAll(us []*upConn) {
 }
 
 // alive reports whether an idle connection can carry another request: the
-// origin has not closed it and, for plain HTTP, sent nothing unasked (TLS
-// connections may carry session tickets). One non-blocking peek.
+// origin has not closed it and sent nothing unasked (on TLS, records may
+// wait in the socket: session tickets, which tls.Conn consumes itself). One
+// non-blocking peek.
 func (u *upConn) alive() bool {
-	if u.br.Buffered() > 0 && !u.key.tls {
-		return false
+	if u.br.Buffered() > 0 {
+		return false // bytes past the last response: they would answer the next request
 	}
 	sc, ok := u.raw.Conn.(syscall.Conn)
 	if !ok {
