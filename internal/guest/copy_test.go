@@ -166,6 +166,15 @@ func TestCopyInRefusesLinksOutOfTheTree(t *testing.T) {
 		t.Error("a dangling link was accepted")
 	}
 	os.Remove(filepath.Join(repo, "dangling"))
+	// Links to the tree's own directories are refused before anything is
+	// sent (an scp that follows them copies the tree into itself).
+	for _, l := range []struct{ at, to string }{{"loop", "."}, {"docs/up", ".."}} {
+		os.Symlink(l.to, filepath.Join(repo, l.at))
+		if err := copy(CopyPlan{Sources: []Location{{Path: repo}}, Dest: Location{Instance: "dev", Path: "work"}, Recursive: true}); err == nil || !strings.Contains(err.Error(), "into itself") {
+			t.Errorf("link %s -> %s: %v", l.at, l.to, err)
+		}
+		os.Remove(filepath.Join(repo, l.at))
+	}
 	if err := copy(CopyPlan{Sources: []Location{{Path: repo}}, Dest: Location{Instance: "dev", Path: "work"}, Recursive: true}); err != nil {
 		t.Fatalf("a tree with a link inside it: %v", err)
 	}

@@ -105,6 +105,12 @@ func checkHostTree(path string) error {
 		if !within(root, target) {
 			return fmt.Errorf("%s is a symbolic link to %s, outside %s; scp -r follows links, so the guest would get that host file: remove the link, or copy the file it names on purpose", shown, target, path)
 		}
+		if real, err := filepath.EvalSymlinks(filepath.Dir(p)); err == nil && within(target, real) {
+			// a -> . or a -> ..: an scp that follows directory links
+			// copies the tree into itself (OpenSSH 9's only fails on it
+			// midway, with a partial copy); refused whole, up front.
+			return fmt.Errorf("%s is a symbolic link to %s, which holds it; scp -r would copy it into itself without end: remove the link", shown, target)
+		}
 		return nil
 	})
 }
