@@ -88,6 +88,16 @@ func RenderTemplate(text string, p Params) (domainXML, warning string, err error
 	if err := checkTemplateDomain(&d, p); err != nil {
 		return "", "", fmt.Errorf("checking rendered domain template: %w", err)
 	}
+	// The monitor's channel is abox's, added here as in the hardened
+	// domain; a template may not bring its own under that name.
+	for _, c := range d.Devices.Channels {
+		if c.Target != nil && c.Target.VirtIO != nil && c.Target.VirtIO.Name == MonitorChannel {
+			return "", "", fmt.Errorf("checking rendered domain template: <channel> %s is abox's monitor channel; leave it out (create --monitor adds it)", MonitorChannel)
+		}
+	}
+	if p.MonitorSocket != "" {
+		d.Devices.Channels = append(d.Devices.Channels, MonitorChannelDevice(p.MonitorSocket))
+	}
 	// The metadata says whose domain this is (the libvirt hook reads it
 	// to find the instance): always abox's own, never the template's.
 	meta, err := metadataXML(p)

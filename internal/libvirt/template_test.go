@@ -74,7 +74,7 @@ func TestRenderTemplate(t *testing.T) {
 		// What a template may still have.
 		{"file serial to the serial log and pty console", addDevice(`<serial type='file'><source path='{{.SerialLogPath}}'/><target port='0'/></serial><console type='pty'><target type='serial' port='0'/></console>`), ""},
 		{"vnc on a socket in the run dir and loopback", addDevice(`<graphics type='vnc' socket='/var/lib/abox/instances/dev/run/v.sock'/><graphics type='spice'><listen type='address' address='127.0.0.1'/></graphics>`), ""},
-		{"virtio channel bound in the run dir", addDevice(`<channel type='unix'><source mode='bind' path='/var/lib/abox/instances/dev/run/monitor.sock'/><target type='virtio' name='org.abox.monitor.0'/></channel>`), ""},
+		{"virtio channel bound in the run dir", addDevice(`<channel type='unix'><source mode='bind' path='/var/lib/abox/instances/dev/run/monitor.sock'/><target type='virtio' name='org.example.channel.0'/></channel>`), ""},
 		{"host emulator", addDevice(`<emulator>/usr/bin/qemu-system-x86_64</emulator>`), ""},
 		{"seed with its format", addDevice(`<disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='{{.SeedISOPath}}'/><target dev='vdb' bus='virtio'/><readonly/></disk>`), ""},
 		// Host files a template may not name (libvirt opens them as root).
