@@ -96,6 +96,7 @@ own /24, and the libvirt domain with its packet filter. Nothing runs until
 	f.StringVar(&s.UpstreamProxyCredentials, "upstream-proxy-credentials", "", "FILE holding the parent proxy's USER:PASSWORD on one line")
 	f.StringVar(&s.Template, "template", "", "libvirt domain template FILE (replaces the hardened defaults)")
 	f.BoolVar(&s.Monitor, "monitor", false, "runtime monitor: stream the guest's Tetragon events to the host (see docs/monitor.md)")
+	f.StringVar(&s.MonitorBundle, "monitor-bundle", "", "install Tetragon in the guest from this bundle FILE (upstream's linux-tarball layout), or `release` for the pinned upstream release (downloaded over https, verified); implies --monitor")
 	return cmd
 }
 
@@ -116,6 +117,7 @@ func addWaitFlags(cmd *cobra.Command, w *waitFlags, timeoutFlag string) {
 func (w waitFlags) waitReady(cmd *cobra.Command, e *env, m *instance.Manager, name string) error {
 	if w.noWait {
 		fmt.Fprintf(e.stderr, "%s is booting; `abox ssh %s` works once it is up (abox status %s shows when)\n", name, name, name)
+		e.monitorAgentInBackground(m, name, w.timeout)
 		return nil
 	}
 	fmt.Fprintf(e.stderr, "waiting for %s: ssh and cloud-init (up to %s)\n", name, w.timeout)
@@ -128,10 +130,7 @@ func (w waitFlags) waitReady(cmd *cobra.Command, e *env, m *instance.Manager, na
 	if len(b.Errors) > 0 {
 		fmt.Fprintf(e.stderr, "warning: cloud-init reported errors in %s: %s\n", name, termtext.Clean(strings.Join(b.Errors, "; ")))
 	}
-	if err := m.StartMonitorAgent(cmd.Context(), name); err != nil {
-		// The monitor never holds the instance back.
-		fmt.Fprintf(e.stderr, "warning: %v\n", err)
-	}
+	e.startMonitorAgent(cmd.Context(), m.Layout, name)
 	return nil
 }
 

@@ -16,6 +16,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/abox-dev/abox/internal/cloudinit"
+	"github.com/abox-dev/abox/internal/guest"
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/monitor"
 	"github.com/abox-dev/abox/internal/paths"
@@ -27,7 +29,72 @@ func newMonitorCmd(e *env) *cobra.Command {
 		Use:   "monitor",
 		Short: "The runtime monitor of instances created with --monitor (Tetragon events from the guest)",
 	}
-	cmd.AddCommand(newMonitorStatusCmd(e), newMonitorLogsCmd(e), newMonitorRunCmd(e), newMonitorSuperviseCmd(e))
+	cmd.AddCommand(newMonitorStatusCmd(e), newMonitorLogsCmd(e), newMonitorAgentCmd(e), newMonitorRunCmd(e), newMonitorSuperviseCmd(e))
+	return cmd
+}
+
+// startMonitorAgent sets up the guest side of a monitored instance that is
+// ready; a failure is a warning, the monitor never holds the instance back.
+func (e *env) startMonitorAgent(ctx context.Context, l paths.Layout, name string) {
+	t, err := guest.Load(l, name)
+	if err == nil {
+		err = guest.StartMonitorAgent(ctx, t, e.stderr)
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "warning: %v (abox monitor agent %s retries)\n", err, name)
+	}
+}
+
+// monitorAgentInBackground runs `abox monitor agent NAME` detached, for a
+// start that does not wait: it waits for the guest itself and then sets up
+// its side (logs/monitor-agent.log).
+func (e *env) monitorAgentInBackground(m *instance.Manager, name string, timeout time.Duration) {
+	st, err := instance.Load(m.Layout, name)
+	if err != nil || !st.Monitor {
+		return
+	}
+	exe, err := os.Executable()
+	if err == nil {
+		err = instance.Detach(m.Layout, m.Layout.Instance(name).MonitorAgentLog, exe, "monitor", "agent", name, "--timeout", timeout.String())
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "warning: the monitor's guest side will not start by itself: %v (run abox monitor agent %s once the guest is up)\n", err, name)
+		return
+	}
+	fmt.Fprintf(e.stderr, "the monitor's guest side starts once %s is up (see %s)\n", name, m.Layout.Instance(name).MonitorAgentLog)
+}
+
+func newMonitorAgentCmd(e *env) *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "agent NAME",
+		Short: "Wait for the guest, then start its side of the monitor (the forwarder, and Tetragon from the instance's bundle, installing it if needed)",
+		Args:  exactArgs(1, "an instance NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			_, st, err := e.monitored(args[0])
+			if err != nil {
+				return err
+			}
+			m, closeFn, err := e.manager(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			if _, err := m.WaitReady(cmd.Context(), st.Name, timeout); err != nil {
+				return err
+			}
+			t, err := guest.Load(m.Layout, st.Name)
+			if err != nil {
+				return err
+			}
+			if err := guest.StartMonitorAgent(cmd.Context(), t, e.stderr); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stderr, "the monitor's guest side runs in %s\n", st.Name)
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", instance.DefaultReadyTimeout, "how long to wait for the guest")
 	return cmd
 }
 
@@ -62,6 +129,10 @@ type MonitorStatus struct {
 	AgentSilent bool           `json:"agent_silent"`
 	SilentSince time.Time      `json:"silent_since,omitzero"`
 	Monitor     monitor.Status `json:"monitor"`
+	// Bundle is the Tetragon bundle abox installs in the guest, or nil.
+	Bundle *instance.MonitorBundle `json:"bundle,omitempty"`
+	// Setup is the guest side's last setup (forwarder, Tetragon).
+	Setup guest.AgentSetup `json:"setup"`
 }
 
 func newMonitorStatusCmd(e *env) *cobra.Command {
@@ -83,6 +154,10 @@ func newMonitorStatusCmd(e *env) *cobra.Command {
 				return err
 			}
 			out.Monitor = ms
+			out.Bundle = st.MonitorBundle
+			if out.Setup, err = guest.ReadAgentSetup(f.MonitorAgent); err != nil {
+				return err
+			}
 			now := time.Now()
 			if out.Running {
 				out.AgentSilent, out.SilentSince = ms.Silent(now)
@@ -128,6 +203,21 @@ func renderMonitorStatus(w io.Writer, s MonitorStatus, now time.Time) {
 			}
 			fmt.Fprintf(tw, "guest agent:\t%s %s, last heartbeat %s\n", agent, state, ago(m.LastHeartbeat))
 		}
+	}
+	if b := s.Bundle; b != nil {
+		fmt.Fprintf(tw, "tetragon bundle:\tsha256 %s (%s, %d BPF objects)\n", b.SHA256, monitor.Printable(b.Source), b.BPFObjects)
+	} else {
+		fmt.Fprintf(tw, "tetragon bundle:\tnone (abox installs no agent; a Tetragon of the guest's own that writes %s is read)\n", cloudinit.MonitorExport)
+	}
+	switch u := s.Setup; {
+	case u.At.IsZero():
+		fmt.Fprintf(tw, "guest setup:\tnot done yet (abox start or abox monitor agent %s does it once the guest is up)\n", s.Instance)
+	case u.Error != "":
+		fmt.Fprintf(tw, "guest setup:\tfailed %s: %s\n", ago(u.At), monitor.Printable(u.Error))
+	case u.Installed:
+		fmt.Fprintf(tw, "guest setup:\ttetragon installed and started %s, took %s\n", ago(u.At), (time.Duration(u.TookMS) * time.Millisecond).Round(100*time.Millisecond))
+	default:
+		fmt.Fprintf(tw, "guest setup:\tstarted %s, took %s\n", ago(u.At), (time.Duration(u.TookMS) * time.Millisecond).Round(100*time.Millisecond))
 	}
 	fmt.Fprintf(tw, "last event:\t%s\n", ago(m.LastEvent))
 	var types []string

@@ -94,6 +94,10 @@ type UpstreamProxy struct {
 // Monitor is the in-guest runtime monitor.
 type Monitor struct {
 	Enabled bool `yaml:"enabled"`
+	// Bundle is a Tetragon bundle file inside the project (upstream's
+	// linux-tarball layout), or "release" for the pinned upstream release;
+	// setting it turns the monitor on.
+	Bundle string `yaml:"bundle"`
 }
 
 // Overrides replace hardened defaults.

@@ -168,6 +168,8 @@ func TestErrors(t *testing.T) {
 		{"cpus too many", "version: 1\nname: dev\ncpus: 100000\n", "abox.yaml:3:7: cpus: 100000 is out of range (1-64)"},
 		{"negative disk", "version: 1\nname: dev\ndisk: -1\n", "disk: -1 is out of range"},
 		{"memory in GiB by mistake", "version: 1\nname: dev\nmemory: 4\n", "memory is in MiB"},
+		{"monitor bundle outside", "version: 1\nname: dev\nmonitor:\n  bundle: /var/cache/t.tar.gz\n", "monitor.bundle: \"/var/cache/t.tar.gz\" must be a relative path inside the project"},
+		{"monitor bundle above", "version: 1\nname: dev\nmonitor:\n  bundle: ../t.tar.gz\n", "monitor.bundle: \"../t.tar.gz\" must be a relative path"},
 		{"accel", "version: 1\nname: dev\naccel: hvf\n", `accel: "hvf": want kvm, tcg or auto`},
 		{"wide allowlist entry", "version: 1\nname: dev\nallowlist: ['*']\n", `abox.yaml:3:13: allowlist[0]: "*" would allow everything`},
 		{"public suffix wildcard", "version: 1\nname: dev\nallowlist: ['a.example.com', '*.co.uk']\n", "allowlist[1]:"},
@@ -249,6 +251,8 @@ func TestProjectFilesStayInside(t *testing.T) {
 		{"missing template", "overrides: {libvirt: {template: t.xml}}", func(string) {}, "overrides.libvirt.template"},
 		{"directory as script", "provision: {scripts: [d]}", func(d string) { os.Mkdir(filepath.Join(d, "d"), 0o755) }, "not a regular file"},
 		{"fifo as allowlist", "allowlist_file: p", func(d string) { mkfifo(filepath.Join(d, "p")) }, "not a regular file"},
+		{"symlinked monitor bundle", "monitor: {bundle: t.tar.gz}", func(d string) { os.Symlink(outside, filepath.Join(d, "t.tar.gz")) }, "monitor.bundle"},
+		{"missing monitor bundle", "monitor: {bundle: t.tar.gz}", func(string) {}, "monitor.bundle"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := project(t, map[string]string{FileName: "version: 1\nname: dev\n" + tc.yaml + "\n"})
@@ -444,5 +448,16 @@ func TestAllowPrivateParsesAsTheFlagDoes(t *testing.T) {
 	w := c.Widenings()
 	if len(w) != 1 || !strings.Contains(w[0].Why, "10.0.0.0/8 is wider than a /16") {
 		t.Errorf("widenings = %v, want the wide range named", w)
+	}
+}
+
+// TestMonitorBundleKey: monitor.bundle turns the monitor on, as a file
+// inside the project or the word release.
+func TestMonitorBundleKey(t *testing.T) {
+	for src, want := range map[string]string{"release": "release", "agents/t.tar.gz": "agents/t.tar.gz", "./t.tar.gz": "t.tar.gz"} {
+		c, err := parse(t, "version: 1\nname: dev\nmonitor:\n  bundle: "+src+"\n")
+		if err != nil || !c.Monitor || c.MonitorBundle != want {
+			t.Errorf("bundle %q: %+v %v", src, c.MonitorBundle, err)
+		}
 	}
 }

@@ -89,6 +89,13 @@ func Load(path string) (*Project, error) {
 			return nil, d.errAt("provision.overlay", "%q: not a directory inside the project (%v)", c.Overlay, err)
 		}
 	}
+	if c.MonitorBundle != "" && c.MonitorBundle != "release" {
+		fi, err := root.Stat(c.MonitorBundle)
+		if err != nil || !fi.Mode().IsRegular() {
+			root.Close()
+			return nil, d.errAt("monitor.bundle", "%q: not a file inside the project (%v)", c.MonitorBundle, err)
+		}
+	}
 	return p, nil
 }
 
@@ -161,30 +168,54 @@ func (p *Project) ReadFile(key, rel string) ([]byte, error) {
 	if b, ok := p.snapshot[rel]; ok {
 		return slices.Clone(b), nil
 	}
+	var b bytes.Buffer
+	if err := p.copyFile(key, rel, &b, MaxReferencedBytes); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// CopyFile copies a file the configuration names at key, confined to the
+// project directory and at most max bytes, into a new 0600 file in dir, and
+// returns its path.
+func (p *Project) CopyFile(key, rel, dir string, max int64) (string, error) {
+	out, err := os.CreateTemp(dir, "referenced-*")
+	if err != nil {
+		return "", err
+	}
+	defer out.Close()
+	if err := p.copyFile(key, rel, out, max); err != nil {
+		os.Remove(out.Name())
+		return "", err
+	}
+	return out.Name(), out.Close()
+}
+
+func (p *Project) copyFile(key, rel string, w io.Writer, max int64) error {
 	// O_NONBLOCK: opening a FIFO the repository planted must not hang.
 	f, err := p.Root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return nil, p.Doc.errAt(key, "%q: %v (it must be a file inside %s)", rel, err, p.Dir)
+		return p.Doc.errAt(key, "%q: %v (it must be a file inside %s)", rel, err, p.Dir)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, p.Doc.errAt(key, "%q: %v", rel, err)
+		return p.Doc.errAt(key, "%q: %v", rel, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, p.Doc.errAt(key, "%q is not a regular file", rel)
+		return p.Doc.errAt(key, "%q is not a regular file", rel)
 	}
-	if fi.Size() > MaxReferencedBytes {
-		return nil, p.Doc.errAt(key, "%q is %d bytes; at most %d", rel, fi.Size(), MaxReferencedBytes)
+	if fi.Size() > max {
+		return p.Doc.errAt(key, "%q is %d bytes; at most %d", rel, fi.Size(), max)
 	}
-	b, err := io.ReadAll(io.LimitReader(f, MaxReferencedBytes+1))
+	n, err := io.Copy(w, io.LimitReader(f, max+1))
 	if err != nil {
-		return nil, p.Doc.errAt(key, "%q: %v", rel, err)
+		return p.Doc.errAt(key, "%q: %v", rel, err)
 	}
-	if len(b) > MaxReferencedBytes {
-		return nil, p.Doc.errAt(key, "%q grew past %d bytes", rel, MaxReferencedBytes)
+	if n > max {
+		return p.Doc.errAt(key, "%q grew past %d bytes", rel, max)
 	}
-	return b, nil
+	return nil
 }
 
 // FS is the project directory as a file system confined to it.

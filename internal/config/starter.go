@@ -121,6 +121,9 @@ accel: auto           # kvm, tcg or auto
 # Runtime monitor in the guest.
 # monitor:
 #   enabled: false
+#   # Tetragon for the guest: a bundle file here (upstream's linux-tarball
+#   # layout), or "release" for the pinned upstream release (needs internet).
+#   bundle: tetragon-v1.7.1-amd64.tar.gz
 
 # Replace the hardened libvirt domain with a template here (trust).
 # overrides:

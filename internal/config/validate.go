@@ -62,10 +62,12 @@ type Config struct {
 	ProxyCredentials string
 	UpstreamCA       string
 	Monitor          bool
-	Template         string
-	Overlay          string
-	Scripts          []string
-	Forwards         []Forward
+	// MonitorBundle is a bundle file inside the project, "release", or "".
+	MonitorBundle string
+	Template      string
+	Overlay       string
+	Scripts       []string
+	Forwards      []Forward
 	// Warnings are accepted values that deserve a second look (a range
 	// wider than a site); the trust prompt shows them.
 	Warnings []string
@@ -192,6 +194,14 @@ func (d *Doc) Validate() (Config, error) {
 		return Config{}, err
 	}
 	c.Monitor = f.Monitor.Enabled
+	if f.Monitor.Bundle == "release" {
+		c.MonitorBundle = f.Monitor.Bundle
+	} else if c.MonitorBundle, err = d.local("monitor.bundle", f.Monitor.Bundle); err != nil {
+		return Config{}, err
+	}
+	if c.MonitorBundle != "" {
+		c.Monitor = true
+	}
 	if c.Template, err = d.local("overrides.libvirt.template", f.Overrides.Libvirt.Template); err != nil {
 		return Config{}, err
 	}

@@ -9,8 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
-	"strings"
 
+	"github.com/abox-dev/abox/internal/cloudinit"
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/paths"
 )
@@ -70,6 +70,4 @@ func exitErr(what string, err error) error {
 
 // shellQuote quotes s for a POSIX shell (the guest's login shell parses the
 // command ssh sends).
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
+func shellQuote(s string) string { return cloudinit.ShellQuote(s) }

@@ -26,6 +26,7 @@ import (
 	"github.com/abox-dev/abox/internal/image"
 	"github.com/abox-dev/abox/internal/libvirt"
 	"github.com/abox-dev/abox/internal/paths"
+	"github.com/abox-dev/abox/internal/tetragon"
 	"github.com/abox-dev/abox/internal/validate"
 )
 
@@ -62,7 +63,18 @@ type Spec struct {
 	// to the host and the forwarder that streams Tetragon's events into it
 	// (abox.yaml's monitor.enabled).
 	Monitor bool
+	// MonitorBundle is a Tetragon bundle file to install in the guest, or
+	// BundleRelease for the pinned upstream release (downloaded over https
+	// into the host's agent cache and verified); it implies Monitor.
+	MonitorBundle string
+	// MonitorBundleSource names MonitorBundle in the state and messages
+	// when it is a copy (abox up copies the project's file); empty is the
+	// file's absolute path.
+	MonitorBundleSource string
 }
+
+// BundleRelease as Spec.MonitorBundle means the pinned upstream release.
+const BundleRelease = "release"
 
 // SeedInput is what the cloud-init seed needs beyond the state.
 type SeedInput struct {
@@ -124,10 +136,14 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 	} else if spec.UpstreamProxyCredentials != "" {
 		return State{}, nil, fmt.Errorf("creating %s: upstream proxy credentials without an upstream proxy", spec.Name)
 	}
-	var template string
-	if spec.Monitor && spec.Template != "" {
-		return State{}, nil, errors.New("creating instance: --monitor and --template do not combine: a user template replaces the domain abox would give the monitor's channel")
+	var bundle *MonitorBundle
+	if spec.MonitorBundle != "" {
+		spec.Monitor = true
+		if bundle, err = m.monitorBundle(ctx, spec.MonitorBundle, spec.MonitorBundleSource); err != nil {
+			return State{}, nil, fmt.Errorf("creating %s: %w", spec.Name, err)
+		}
 	}
+	var template string
 	if spec.Template != "" {
 		b, err := os.ReadFile(spec.Template)
 		if err != nil {
@@ -166,6 +182,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 		User: spec.User, Accel: resolveAccel(spec.Accel),
 		ProxyPort: DefaultProxyPort, Upstreams: spec.Upstreams, AllowPrivate: spec.AllowPrivate, AllowHost: spec.AllowHost,
 		NoMITM: spec.NoMITM, MITMExceptions: spec.MITMExceptions, Ports: spec.Ports, Monitor: spec.Monitor,
+		MonitorBundle: bundle,
 		Template:      template,
 		UpstreamProxy: spec.UpstreamProxy, UpstreamProxyCredentials: spec.UpstreamProxyCredentials,
 		Kernel: base.KernelPath(), Initrd: base.InitrdPath(),
@@ -286,6 +303,38 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 		return State{}, nil, err
 	}
 	return st, warnings, nil
+}
+
+// monitorBundle checks the bundle src (a file, or BundleRelease) into the
+// host's agent cache. Nothing of the instance exists yet: a refused bundle
+// leaves nothing behind, and none of it in the cache.
+func (m *Manager) monitorBundle(ctx context.Context, src, label string) (*MonitorBundle, error) {
+	cache := tetragon.Cache{Dir: m.Layout.AgentCache()}
+	var (
+		path, source string
+		info         tetragon.Info
+		err          error
+	)
+	if src == BundleRelease {
+		source = "release " + tetragon.Pinned.Version
+		m.progress("monitor: tetragon %s (pinned sha256 %s), from the agent cache or %s", tetragon.Pinned.Version, tetragon.Pinned.SHA256, tetragon.Pinned.URL)
+		path, info, err = cache.Fetch(ctx, nil, tetragon.Pinned)
+	} else {
+		if source, err = filepath.Abs(src); err != nil {
+			return nil, err
+		}
+		if label != "" {
+			path, info, err = cache.Import(source, label)
+			source = label
+		} else {
+			path, info, err = cache.Import(source, "")
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	m.progress("monitor: bundle %s checked: sha256 %s, %d BPF objects, %d MiB unpacked", source, info.SHA256, info.BPFObjects, info.Unpacked>>20)
+	return &MonitorBundle{SHA256: info.SHA256, Source: source, Path: path, Prefix: info.Prefix, Size: info.Size, BPFObjects: info.BPFObjects}, nil
 }
 
 // define (re)defines the network, filter and domain of st in libvirt.

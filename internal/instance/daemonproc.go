@@ -115,12 +115,27 @@ func (d *ProcessDaemon) PID(name string) int {
 // session, so it outlives the abox command that started it), its output
 // appended to logPath.
 func launchSupervisor(l paths.Layout, exe, kind, name, logPath string) (*exec.Cmd, error) {
+	return launchDetached(l, logPath, exe, kind, "supervise", name)
+}
+
+// Detach runs exe with args in a session of its own, its output appended
+// to logPath, and does not wait for it.
+func Detach(l paths.Layout, logPath, exe string, args ...string) error {
+	cmd, err := launchDetached(l, logPath, exe, args...)
+	if err != nil {
+		return err
+	}
+	go cmd.Wait()
+	return nil
+}
+
+func launchDetached(l paths.Layout, logPath, exe string, args ...string) (*exec.Cmd, error) {
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", logPath, err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(exe, kind, "supervise", name)
+	cmd := exec.Command(exe, args...)
 	cmd.Env = append(os.Environ(), paths.EnvHome+"="+l.Root)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

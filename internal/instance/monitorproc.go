@@ -8,12 +8,10 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"gopkg.in/natefinch/lumberjack.v2"
 
-	"github.com/abox-dev/abox/internal/cloudinit"
 	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/monitor"
 	"github.com/abox-dev/abox/internal/paths"
@@ -85,28 +83,6 @@ func (p *MonitorProcess) Stop(ctx context.Context, name string) error {
 // PID is the supervisor's pid if it is alive and is this instance's.
 func (p *MonitorProcess) PID(name string) int {
 	return supervisorPID(p.Layout.Instance(name).MonitorPID, "monitor", name)
-}
-
-// StartMonitorAgent enables and starts the guest's forwarder over SSH once
-// the guest is ready. cloud-init wrote the forwarder and its unit, but in its
-// init stage, after systemd had planned the boot, and abox's images run no
-// later cloud-init modules; enabled once, the forwarder starts on every later
-// boot by itself.
-func (m *Manager) StartMonitorAgent(ctx context.Context, name string) error {
-	st, err := Load(m.Layout, name)
-	if err != nil || !st.Monitor {
-		return err
-	}
-	args, err := SSHArgs(m.Layout, st, []string{"sudo", "systemctl", "enable", "--now", cloudinit.MonitorUnit})
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if out, err := m.Run.Run(ctx, "ssh", args...); err != nil {
-		return fmt.Errorf("starting the monitor's forwarder in %s: %w: %s", name, err, strings.TrimSpace(string(out)))
-	}
-	return nil
 }
 
 // SuperviseMonitor is the body of `abox monitor supervise NAME`.

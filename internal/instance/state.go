@@ -78,6 +78,9 @@ type State struct {
 	// Monitor: the guest has the runtime monitor's channel and forwarder,
 	// and start runs the host-side monitor process.
 	Monitor bool `json:"monitor,omitempty"`
+	// MonitorBundle is the Tetragon bundle abox installs in the guest
+	// (create --monitor-bundle), or nil: then only the forwarder runs.
+	MonitorBundle *MonitorBundle `json:"monitor_bundle,omitempty"`
 	// Template is a user domain template that replaces the hardened domain.
 	Template string `json:"template,omitempty"`
 	// Kernel boot of the base image, copied at create so the instance does
@@ -235,4 +238,19 @@ func lockInstance(l paths.Layout, name string) (func(), error) {
 		return nil, fmt.Errorf("instance %s: %w", name, ErrNotFound)
 	}
 	return lockFile(f.Lock)
+}
+
+// MonitorBundle is a checked Tetragon bundle in the host's agent cache.
+type MonitorBundle struct {
+	// SHA256 of the tarball; the guest checks what arrives against it.
+	SHA256 string `json:"sha256"`
+	// Source is what the user gave: a file, or "release vX" for the pinned
+	// upstream release.
+	Source string `json:"source"`
+	// Path is the cached copy (paths.Layout.AgentCache).
+	Path string `json:"path"`
+	// Prefix is the top directory the layout sits below, or "".
+	Prefix     string `json:"prefix,omitempty"`
+	Size       int64  `json:"size"`
+	BPFObjects int    `json:"bpf_objects"`
 }

@@ -53,8 +53,11 @@ func Default() (Layout, error) {
 	return Layout{Root: h}, nil
 }
 
-func (l Layout) Instances() string              { return filepath.Join(l.Root, "instances") }
-func (l Layout) Images() string                 { return filepath.Join(l.Root, "images") }
+func (l Layout) Instances() string { return filepath.Join(l.Root, "instances") }
+func (l Layout) Images() string    { return filepath.Join(l.Root, "images") }
+
+// AgentCache keeps monitor agent bundles (Tetragon), by digest.
+func (l Layout) AgentCache() string             { return filepath.Join(l.Root, "cache", "tetragon") }
 func (l Layout) InstanceDir(name string) string { return filepath.Join(l.Instances(), name) }
 
 // StateFile is an instance's definition, written last at create, so a
@@ -91,6 +94,11 @@ type Instance struct {
 	MonitorStatus string
 	MonitorPID    string
 	MonitorDaemon string
+	// MonitorAgent records the guest side's last setup (the bundle
+	// installed, when, how long it took); MonitorAgentLog is the log of a
+	// setup run in the background (start --no-wait).
+	MonitorAgent    string
+	MonitorAgentLog string
 	// TapLock is held shared by every running tap (the last one turns the
 	// TLS key log off).
 	TapLock string
@@ -121,12 +129,14 @@ func (l Layout) Instance(name string) Instance {
 		DaemonPID:  filepath.Join(run, "daemon.pid"),
 		Lock:       filepath.Join(dir, ".lock"),
 
-		MonitorSocket: filepath.Join(run, "monitor.sock"),
-		MonitorLog:    filepath.Join(logs, "monitor.log"),
-		MonitorStatus: filepath.Join(run, "monitor.json"),
-		MonitorPID:    filepath.Join(run, "monitor.pid"),
-		MonitorDaemon: filepath.Join(logs, "monitor-daemon.log"),
-		TapLock:       filepath.Join(run, "tap.lock"),
+		MonitorSocket:   filepath.Join(run, "monitor.sock"),
+		MonitorLog:      filepath.Join(logs, "monitor.log"),
+		MonitorStatus:   filepath.Join(run, "monitor.json"),
+		MonitorPID:      filepath.Join(run, "monitor.pid"),
+		MonitorDaemon:   filepath.Join(logs, "monitor-daemon.log"),
+		MonitorAgent:    filepath.Join(run, "monitor-agent.json"),
+		MonitorAgentLog: filepath.Join(logs, "monitor-agent.log"),
+		TapLock:         filepath.Join(run, "tap.lock"),
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/abox-dev/abox/internal/guest"
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/policy"
+	"github.com/abox-dev/abox/internal/tetragon"
 )
 
 // UpOptions tune Up.
@@ -110,6 +111,10 @@ func Up(ctx context.Context, d Deps, p *config.Project, o UpOptions) (Report, er
 		return rep, err
 	}
 	d.progress("up %s: guest ready %s after start", name, boot.ReadyAfter().Round(time.Second))
+	if err := guest.StartMonitorAgent(ctx, t, d.Progress); err != nil {
+		// The monitor never holds the instance back.
+		d.progress("warning: %v (abox monitor agent %s retries)", err, name)
+	}
 	c := d.api(name)
 	applied, err := syncAllowlist(ctx, c, allow)
 	if err != nil {
@@ -190,6 +195,14 @@ func create(ctx context.Context, d Deps, p *config.Project, allow []string) (ins
 		Name: p.Name, Base: p.Base, CPUs: p.CPUs, MemoryMiB: p.MemoryMiB, DiskGiB: p.DiskGiB,
 		User: instance.DefaultUser, Accel: p.Accel, Upstreams: p.Upstreams, AllowPrivate: p.AllowPrivate,
 		NoMITM: p.NoMITM, MITMExceptions: p.MITMExceptions, Ports: p.Ports, Monitor: p.Monitor,
+	}
+	if p.MonitorBundle == instance.BundleRelease {
+		spec.MonitorBundle = instance.BundleRelease
+	} else if p.MonitorBundle != "" {
+		if spec.MonitorBundle, err = p.CopyFile("monitor.bundle", p.MonitorBundle, tmp, tetragon.MaxCompressed); err != nil {
+			return instance.State{}, err
+		}
+		spec.MonitorBundleSource = filepath.Join(p.Dir, p.MonitorBundle)
 	}
 	if p.UpstreamProxy != nil {
 		spec.UpstreamProxy = p.UpstreamProxy.String()
