@@ -14,6 +14,7 @@ import (
 	"github.com/abox-dev/abox/internal/cloudinit"
 	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/monitor"
 	"github.com/abox-dev/abox/internal/tetragon"
 )
 
@@ -127,7 +128,9 @@ func (t Target) agentRun(ctx context.Context, command string, stdin io.Reader, t
 		if errors.As(err, &ee) && ee.Code == 3 {
 			return err
 		}
-		return fmt.Errorf("starting the monitor's guest side in %s: %w: %s", t.Name(), err, strings.TrimSpace(tailString(out.String(), 2000)))
+		// The output is the guest's: cleaned before an operator's terminal
+		// shows it.
+		return fmt.Errorf("starting the monitor's guest side in %s: %w: %s", t.Name(), err, monitor.Printable(strings.TrimSpace(tailString(out.String(), 2000))))
 	}
 	return nil
 }

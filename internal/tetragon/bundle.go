@@ -16,6 +16,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"syscall"
 )
 
 // Where upstream's linux-tarball puts the agent (below an optional single
@@ -60,22 +61,35 @@ func (e *BundleError) Error() string {
 
 // ValidateFile checks the bundle at file; see Validate.
 func ValidateFile(file string) (Info, error) {
-	f, err := os.Open(file)
+	f, err := openBundle(file, file)
 	if err != nil {
-		return Info{}, &BundleError{file, err.Error()}
+		return Info{}, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return Info{}, &BundleError{file, err.Error()}
-	}
-	if !fi.Mode().IsRegular() {
-		return Info{}, &BundleError{file, "not a regular file"}
-	}
-	if fi.Size() > MaxCompressed {
-		return Info{}, &BundleError{file, fmt.Sprintf("%d bytes; at most %d", fi.Size(), MaxCompressed)}
-	}
 	return Validate(f, file)
+}
+
+// openBundle opens a regular file of at most MaxCompressed bytes (and never
+// blocks on a FIFO); name is the bundle in errors.
+func openBundle(file, name string) (*os.File, error) {
+	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, &BundleError{name, err.Error()}
+	}
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		err = &BundleError{name, err.Error()}
+	case !fi.Mode().IsRegular():
+		err = &BundleError{name, "not a regular file"}
+	case fi.Size() > MaxCompressed:
+		err = &BundleError{name, fmt.Sprintf("%d bytes; at most %d", fi.Size(), MaxCompressed)}
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // Validate reads a gzip-compressed tarball from r and refuses anything a

@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -64,21 +63,11 @@ func (c Cache) Import(file, name string) (string, Info, error) {
 	if name == "" {
 		name = file
 	}
-	src, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	src, err := openBundle(file, name)
 	if err != nil {
-		return "", Info{}, &BundleError{name, err.Error()}
+		return "", Info{}, err
 	}
 	defer src.Close()
-	fi, err := src.Stat()
-	if err != nil {
-		return "", Info{}, &BundleError{name, err.Error()}
-	}
-	if !fi.Mode().IsRegular() {
-		return "", Info{}, &BundleError{name, "not a regular file"}
-	}
-	if fi.Size() > MaxCompressed {
-		return "", Info{}, &BundleError{name, fmt.Sprintf("%d bytes; at most %d", fi.Size(), MaxCompressed)}
-	}
 	return c.store(src, name, "")
 }
 
