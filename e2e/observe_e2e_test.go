@@ -20,7 +20,6 @@ import (
 	"github.com/abox-dev/abox/e2e/lab"
 	"github.com/abox-dev/abox/internal/cloudinit"
 	"github.com/abox-dev/abox/internal/hostfw"
-	"github.com/abox-dev/abox/internal/image"
 	"github.com/abox-dev/abox/internal/paths"
 )
 
@@ -35,36 +34,9 @@ func TestObserve(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	s := &suite{t: t, ctx: ctx, tmp: t.TempDir()}
-	os.Chmod(s.tmp, 0o755)
-	if _, err := (image.Builder{Run: image.ExecRunner{}}).BuildDebian12(ctx, os.Getenv("ABOX_DEBIAN_MIRROR"), os.Getenv("ABOX_IMAGE_CACHE"), nil); err != nil {
-		t.Fatalf("building the base image: %v", err)
-	}
-	l, err := lab.Start(ctx, "..", "obs", t.Logf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.lab, s.env, s.home = l, l.Env, l.Home
 	const name = "obs"
-	t.Cleanup(func() {
-		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer ccancel()
-		s.ctx = cctx
-		if t.Failed() {
-			for _, f := range []string{"daemon.log", "serial.log"} {
-				if b, err := os.ReadFile(filepath.Join(s.home, "instances", name, "logs", f)); err == nil {
-					t.Logf("%s:\n%s", f, tail(string(b), 30))
-				}
-			}
-		}
-		if out, err := s.abox("remove", "--force", name); err != nil && !strings.Contains(out, "no such instance") {
-			t.Logf("remove: %v\n%s", err, out)
-		}
-		if err := l.Close(cctx); err != nil {
-			t.Errorf("teardown: %v", err)
-		}
-	})
-	s.mustAbox("base", "build", "debian-12")
+	s := labSuite(t, ctx, "obs", name)
+	l := s.lab
 	allow := filepath.Join(s.tmp, "allow.txt")
 	os.WriteFile(allow, []byte("allowed.test\n*.allowed.test\nprivate.test\n"), 0o644)
 	s.mustAbox("create", name, "--accel", "tcg", "--cpus", "1", "--memory", "1024", "--allowlist", allow,
