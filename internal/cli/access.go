@@ -92,8 +92,9 @@ func newProvisionCmd(e *env) *cobra.Command {
 		Long: `Provision a running instance: first the overlay directory is copied into the
 guest's file system (its root, or GUESTDIR), owned by root; then every script
 runs as root in /, in order, with the proxy and CA environment of the guest's
-shells and its stdin closed. Output streams as it comes. The first script that
-fails stops the run, and abox exits with that script's status.
+shells and its stdin closed. Output streams as it comes, with escape sequences
+and other control characters shown escaped (the guest writes it). The first
+script that fails stops the run, and abox exits with that script's status.
 
 What the scripts download must be on the allowlist: provisioning goes through
 the filters like everything else the guest does. Overlays hold regular files
