@@ -48,9 +48,10 @@ func newSCPCmd(e *env) *cobra.Command {
 		Long: `Copy files between the host and an instance over its SSH connection (pinned
 host key, no agent or forwarding). Write a guest path as NAME:PATH, relative to
 the login user's home unless absolute; write a host path holding a colon as
-./a:b. A host tree holding a symbolic link that leads out of it is refused
-(scp would follow it); files from the guest arrive through a staging
-directory and never through a symbolic link at the destination.`,
+./a:b. A host source that is a symbolic link out of its directory, or a tree
+holding one that leads out of it, is refused (scp would follow it); files
+from the guest arrive through a staging directory and never through a
+symbolic link at the destination.`,
 		Example: `  abox scp -r ./src dev:work/
   abox scp dev:work/report.txt .`,
 		Args: cobra.MinimumNArgs(2),

@@ -160,6 +160,17 @@ func TestCopyInRefusesLinksOutOfTheTree(t *testing.T) {
 		}
 		return nil
 	})
+	// A shell glob names the planted link on its own: repo/*.
+	err = copy(CopyPlan{Sources: []Location{{Path: filepath.Join(repo, "main.go")}, {Path: filepath.Join(repo, "docs", "notes")}}, Dest: Location{Instance: "dev", Path: "work"}})
+	if err == nil || !strings.Contains(err.Error(), "outside") {
+		t.Errorf("a named link out of its directory: %v", err)
+	}
+	if got := read(filepath.Join(g, "work", "notes")); strings.Contains(got, "HOST SECRET") {
+		t.Error("the host secret reached the guest through a named link")
+	}
+	if err := copy(CopyPlan{Sources: []Location{{Path: filepath.Join(repo, "README.md")}}, Dest: Location{Instance: "dev", Path: "readme"}}); err != nil {
+		t.Errorf("a named link within its directory: %v", err)
+	}
 	os.Symlink("/nonexistent/x", filepath.Join(repo, "dangling"))
 	os.Remove(filepath.Join(repo, "docs", "notes"))
 	if err := copy(CopyPlan{Sources: []Location{{Path: repo}}, Dest: Location{Instance: "dev", Path: "work"}, Recursive: true}); err == nil {

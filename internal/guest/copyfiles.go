@@ -54,8 +54,11 @@ func (c copier) copy(ctx context.Context, t Target, p CopyPlan, stdout, stderr i
 	errOut := termtext.NewWriter(stderr)
 	defer errOut.Flush()
 	if p.Dest.Instance != "" {
-		if p.Recursive {
-			for _, s := range p.Sources {
+		for _, s := range p.Sources {
+			if err := checkHostSource(s.Path); err != nil {
+				return fmt.Errorf("copying to %s: %w", t.Name(), err)
+			}
+			if p.Recursive {
 				if err := checkHostTree(s.Path); err != nil {
 					return fmt.Errorf("copying to %s: %w", t.Name(), err)
 				}
@@ -79,9 +82,32 @@ func (c copier) runSCP(ctx context.Context, t Target, p CopyPlan, stdout, stderr
 	return nil
 }
 
+// checkHostSource refuses a source that is a symbolic link leading out of
+// the directory that holds it: `abox scp repo/* dev:` names every entry of
+// a repository, a planted `repo/notes -> ~/.ssh/id_ed25519` among them.
+// A link within its own directory (~/.bashrc -> ~/dotfiles/bashrc) is
+// fine, and so is naming the file a link leads to.
+func checkHostSource(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		return nil // scp reports a missing source itself
+	}
+	dir, err := filepath.EvalSymlinks(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	target, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return fmt.Errorf("%s is a symbolic link that does not resolve (%v)", path, err)
+	}
+	if !within(dir, target) {
+		return fmt.Errorf("%s is a symbolic link to %s, outside %s; name %s itself if you mean to give the guest that file", path, target, filepath.Dir(path), target)
+	}
+	return nil
+}
+
 // checkHostTree refuses a directory holding a symbolic link whose target
-// is outside the directory (or does not resolve). The directory named
-// itself may be a link: that is the user's own choice.
+// is outside the directory (or does not resolve).
 func checkHostTree(path string) error {
 	root, err := filepath.EvalSymlinks(path)
 	if err != nil {
