@@ -78,6 +78,12 @@ var ErrNotMounted = errors.New("not an abox mount")
 // directory that is not already a mount.
 func (a Access) Mount(ctx context.Context, t Target, m Mount) error {
 	name := t.Name()
+	// A mount point that is a link (a repository's mnt -> ~/.config/
+	// autostart) would put the guest's files where the host acts on them.
+	if fi, err := os.Lstat(m.Dir); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		target, _ := filepath.EvalSymlinks(m.Dir)
+		return fmt.Errorf("mounting %s: %s is a symbolic link (to %s); name the directory itself if you mean it", name, m.Dir, target)
+	}
 	dir, err := realDir(m.Dir)
 	if err != nil {
 		return fmt.Errorf("mounting %s: %w (create the directory first)", name, err)

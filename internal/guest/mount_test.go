@@ -69,3 +69,20 @@ func TestMountKeepsGuestFilesInert(t *testing.T) {
 		}
 	}
 }
+
+// TestMountRefusesALinkAsTheMountPoint: a repository's `mnt -> ~/.config/
+// autostart` (empty, so the emptiness check passes) must not become the
+// place where the guest's files appear.
+func TestMountRefusesALinkAsTheMountPoint(t *testing.T) {
+	tg := testTarget(t)
+	target := t.TempDir()
+	link := filepath.Join(t.TempDir(), "mnt")
+	os.Symlink(target, link)
+	err := Access{Layout: tg.Layout}.Mount(t.Context(), tg, Mount{Dir: link})
+	if err == nil || !strings.Contains(err.Error(), "symbolic link") {
+		t.Errorf("mount on a link: %v", err)
+	}
+	if ms, _ := (Access{Layout: tg.Layout}).Mounts("dev"); len(ms) != 0 {
+		t.Errorf("recorded: %v", ms)
+	}
+}
