@@ -4,10 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
 // sftpGuest stands a directory in for the guest: scp's -S program is a
@@ -15,19 +16,8 @@ import (
 // that directory, so the real scp really copies (SFTP, as abox's -s asks).
 func sftpGuest(t *testing.T, reserve *int64) (guestDir string, copy func(p CopyPlan) error) {
 	t.Helper()
-	scp, err := exec.LookPath("scp")
-	if err != nil {
-		t.Skip("scp not installed")
-	}
-	server := ""
-	for _, p := range []string{"/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server", "/usr/lib/ssh/sftp-server"} {
-		if _, err := os.Stat(p); err == nil {
-			server = p
-		}
-	}
-	if server == "" {
-		t.Skip("sftp-server not installed")
-	}
+	scp := need.Program(t, "scp")
+	server := need.Program(t, sftpServer)
 	guestDir = t.TempDir()
 	fake := filepath.Join(t.TempDir(), "ssh")
 	os.WriteFile(fake, []byte("#!/bin/sh\nexec "+server+" -d "+guestDir+"\n"), 0o755)
