@@ -26,15 +26,31 @@ func New(n int) *Ring {
 	return &Ring{lines: make([][]byte, n)}
 }
 
-// Write stores p, split into lines; it never fails.
+// maxKept bounds the storage a slot keeps for reuse after a long line.
+const maxKept = 4 << 10
+
+// Write stores p, split into lines; it never fails. Each line is copied
+// into the storage of the line it replaces (a filter writes lines by the
+// hundred thousand a second; readers get copies), so a full ring writes
+// without allocating.
 func (r *Ring) Write(p []byte) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, l := range bytes.Split(bytes.TrimRight(p, "\n"), []byte("\n")) {
+	for rest := p; len(rest) > 0; {
+		l := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			l, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
 		if len(l) == 0 {
 			continue
 		}
-		r.lines[r.next] = bytes.Clone(l)
+		slot := r.lines[r.next]
+		if cap(slot) > maxKept && len(l) <= maxKept {
+			slot = nil
+		}
+		r.lines[r.next] = append(slot[:0], l...)
 		r.next = (r.next + 1) % len(r.lines)
 		if r.next == 0 {
 			r.full = true
@@ -77,7 +93,7 @@ func (r *Ring) lastLocked(n int) [][]byte {
 		if r.full {
 			idx = (r.next + i) % len(r.lines)
 		}
-		out = append(out, r.lines[idx])
+		out = append(out, bytes.Clone(r.lines[idx])) // the slot is reused
 	}
 	return out
 }
