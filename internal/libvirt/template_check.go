@@ -132,7 +132,7 @@ func checkTemplateDomain(d *libvirtxml.Domain, p Params) error {
 		return err
 	}
 	if dev.Emulator != "" && dev.Emulator != HostEmulator {
-		return fmt.Errorf("<emulator>%s</emulator> is not allowed: guests run under the host's QEMU, %s (leave <emulator> out)", dev.Emulator, HostEmulator)
+		return fmt.Errorf("<emulator> %q is not allowed: guests run under the host's QEMU, %s (leave <emulator> out)", dev.Emulator, HostEmulator)
 	}
 	for i, nic := range dev.Interfaces {
 		if err := checkInterface(nic, p); err != nil {
@@ -225,7 +225,7 @@ func checkOS(os *libvirtxml.DomainOS, h hostPaths) error {
 		{"<initrd>", os.Initrd, h.p.Initrd},
 	} {
 		if f.path != "" && f.path != f.want {
-			return fmt.Errorf("%s %s is not allowed: use the base image's ({{.Kernel}}, {{.Initrd}})", f.what, f.path)
+			return fmt.Errorf("%s %q is not allowed: use the base image's ({{.Kernel}}, {{.Initrd}})", f.what, f.path)
 		}
 	}
 	return nil
@@ -295,7 +295,7 @@ func checkDisk(disk *libvirtxml.DomainDisk, p Params) error {
 		disk.Driver.Type = want
 	case want:
 	default:
-		return fmt.Errorf("%s is %s, not %s: give <driver name='qemu' type='%s'/> or leave the type out", disk.Source.File.File, want, disk.Driver.Type, want)
+		return fmt.Errorf("%s is %s, not %q: give <driver name='qemu' type='%s'/> or leave the type out", disk.Source.File.File, want, disk.Driver.Type, want)
 	}
 	return nil
 }
