@@ -97,6 +97,8 @@ func TestRenderTemplate(t *testing.T) {
 		{"pstore", addDevice(`<pstore backend='acpi-erst'><path>/etc/shadow</path><size unit='KiB'>8</size></pstore>`), "<pstore>"},
 		{"nvram device", addDevice(`<nvram><address type='spapr-vio' reg='0x3000'/></nvram>`), "<nvram>"},
 		{"custom emulator", addDevice(`<emulator>/tmp/evil-qemu</emulator>`), `<emulator> "/tmp/evil-qemu"`},
+		// XML admits C1 controls: the error shows them escaped, not raw.
+		{"emulator with a control character", addDevice("<emulator>/tmp/\u009b2J\u202e</emulator>"), `<emulator> "/tmp/\u009b2J\u202e"`},
 		{"fw_cfg blob from a host file", strings.Replace(goodTemplate, "<os>", "<sysinfo type='fwcfg'><entry name='opt/com.example/x' file='/etc/shadow'/></sysinfo><os>", 1), "<sysinfo>"},
 		{"nvram template", strings.Replace(goodTemplate, "<os>", "<os><loader readonly='yes' type='pflash'>/usr/share/OVMF/OVMF_CODE.fd</loader><nvram template='/etc/shadow'>/var/lib/abox/instances/dev/vars.fd</nvram>", 1), "<loader>"},
 		{"nvram alone", strings.Replace(goodTemplate, "<os>", "<os><nvram template='/etc/shadow'>/tmp/vars.fd</nvram>", 1), "<nvram>"},
