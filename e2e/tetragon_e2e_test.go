@@ -36,7 +36,7 @@ func TestTetragonAgent(t *testing.T) {
 		t.Skip("ABOX_TETRAGON_BUNDLE is not set: no real Tetragon bundle to run (opt-in; CI has none)")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("the VM suite needs root (libvirt, namespaces, iptables)")
+		needVM(t, "the VM suite needs root (libvirt, namespaces, iptables)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
