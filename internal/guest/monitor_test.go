@@ -1,9 +1,7 @@
 package guest
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -16,6 +14,7 @@ import (
 	"github.com/abox-dev/abox/internal/cloudinit"
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/paths"
+	"github.com/abox-dev/abox/internal/tetragon/tetragontest"
 )
 
 // fakeGuest puts an ssh on PATH that records its command line and stdin
@@ -88,7 +87,7 @@ func TestStartMonitorAgentWithoutBundle(t *testing.T) {
 // TestStartMonitorAgentInstallsOnce: the bundle crosses only when the guest
 // lacks it, exactly as cached; a cached copy that changed is not sent.
 func TestStartMonitorAgentInstallsOnce(t *testing.T) {
-	bundle := validBundle(t)
+	bundle := tetragontest.Tarball(tetragontest.Agent)
 	dir := fakeGuest(t)
 	tg := monitoredTarget(t, bundle)
 	os.WriteFile(filepath.Join(dir, "rc"), []byte("3"), 0o600) // not installed yet
@@ -140,21 +139,4 @@ func TestStartMonitorAgentCleansGuestOutput(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "boom") || strings.ContainsAny(err.Error(), "\x1b\x07") {
 		t.Fatalf("error %q", err)
 	}
-}
-
-// validBundle is a minimal bundle tetragon.Validate accepts.
-func validBundle(t *testing.T) []byte {
-	t.Helper()
-	var raw bytes.Buffer
-	tw := tar.NewWriter(&raw)
-	for name, body := range map[string]string{"usr/local/bin/tetragon": "\x7fELF", "usr/local/lib/tetragon/bpf/a.o": "o"} {
-		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Typeflag: tar.TypeReg, Size: int64(len(body))})
-		tw.Write([]byte(body))
-	}
-	tw.Close()
-	var out bytes.Buffer
-	zw := gzip.NewWriter(&out)
-	zw.Write(raw.Bytes())
-	zw.Close()
-	return out.Bytes()
 }

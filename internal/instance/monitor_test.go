@@ -1,9 +1,7 @@
 package instance
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -15,39 +13,17 @@ import (
 
 	"github.com/abox-dev/abox/internal/libvirt"
 	"github.com/abox-dev/abox/internal/tetragon"
+	"github.com/abox-dev/abox/internal/tetragon/tetragontest"
 )
 
-// writeBundle writes a gzip tarball of name -> body (a trailing "/" is a
-// directory, "->" in a body a symbolic link) to a file in dir.
+// writeBundle writes tetragontest.Tarball(files) to a file in dir.
 func writeBundle(t *testing.T, dir string, files map[string]string) string {
 	t.Helper()
-	var raw bytes.Buffer
-	tw := tar.NewWriter(&raw)
-	for name, body := range files {
-		h := &tar.Header{Name: name, Mode: 0o755, Typeflag: tar.TypeReg, Size: int64(len(body))}
-		if target, ok := strings.CutPrefix(body, "->"); ok {
-			h.Typeflag, h.Linkname, h.Size = tar.TypeSymlink, target, 0
-		}
-		tw.WriteHeader(h)
-		if h.Typeflag == tar.TypeReg {
-			tw.Write([]byte(body))
-		}
-	}
-	tw.Close()
-	var out bytes.Buffer
-	zw := gzip.NewWriter(&out)
-	zw.Write(raw.Bytes())
-	zw.Close()
 	p := filepath.Join(dir, "bundle.tar.gz")
-	if err := os.WriteFile(p, out.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(p, tetragontest.Tarball(files), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return p
-}
-
-var agentFiles = map[string]string{
-	"usr/local/bin/tetragon":                  "\x7fELF agent",
-	"usr/local/lib/tetragon/bpf/bpf_execve.o": "obj",
 }
 
 // TestCreateWithMonitorBundle: a good bundle is checked into the agent
@@ -55,7 +31,7 @@ var agentFiles = map[string]string{
 // one is refused before anything of the instance exists.
 func TestCreateWithMonitorBundle(t *testing.T) {
 	r := newRig(t)
-	good := writeBundle(t, t.TempDir(), agentFiles)
+	good := writeBundle(t, t.TempDir(), tetragontest.Agent)
 	st, _, err := r.m.Create(context.Background(), Spec{Name: "dev", Accel: "tcg", MonitorBundle: good})
 	if err != nil {
 		t.Fatal(err)
