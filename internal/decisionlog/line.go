@@ -102,6 +102,24 @@ func (l *Line) Addr(k string, a netip.Addr) *Line {
 	return l
 }
 
+// Fields is a run of fields encoded once, to be added to many lines with
+// Line.Fields: the part of a line that is the same from line to line.
+type Fields struct{ b []byte }
+
+// Encode returns the fields fill adds to a line, encoded as it adds them.
+func Encode(fill func(*Line)) Fields {
+	l := &Line{}
+	fill(l)
+	return Fields{b: l.buf}
+}
+
+// Fields adds the fields of f, as if the calls that encoded them were made
+// on l.
+func (l *Line) Fields(f Fields) *Line {
+	l.buf = append(l.buf, f.b...)
+	return l
+}
+
 // finish closes the object and returns the whole line with its newline.
 func (l *Line) finish() []byte {
 	l.buf = append(l.buf, '}', '\n')

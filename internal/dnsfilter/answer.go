@@ -34,9 +34,11 @@ type entry struct {
 	// addrs are every address the upstream answer held, stripped records'
 	// too: they are classified again when the entry is used (forbidden).
 	addrs []netip.Addr
-	// classified is the last classification of addrs; the one field that
-	// changes after the entry is built.
+	// classified is the last classification of addrs; it and logged are
+	// the fields that change after the entry is built.
 	classified atomic.Pointer[classification]
+	// logged are the encoded fields of the decision lines of its hits.
+	logged atomic.Pointer[loggedFields]
 	// wire is the answer packed for a UDP client (see packed.go), nil when
 	// it does not fit one; ttls are the offsets of its records' TTLs.
 	wire []byte

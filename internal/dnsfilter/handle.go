@@ -56,6 +56,8 @@ type decision struct {
 	cached  bool
 	rtt     time.Duration
 	err     error
+	// hit is the cache entry an allowed answer came from.
+	hit *entry
 	// policyBlock marks a name the policy blocks whose answer decide left
 	// to its caller: blocked() with this verdict, reason and rule, or the
 	// same packed by blockedWire.
@@ -294,6 +296,9 @@ func (s *Server) answer(req *dns.Msg, opt *dns.OPT, e *entry, rule string, d dec
 	}
 	s.st.allowed.Add(1)
 	d.rcode = e.rcode
+	if d.cached {
+		d.hit = e
+	}
 	if dst != nil {
 		if b, ok := e.packedReply(dst, req, opt, now, maxSize(req, "udp")); ok {
 			return nil, b, d
@@ -447,9 +452,18 @@ func (s *Server) logDecision(client netip.Addr, d decision) {
 	if d.err != nil {
 		level = slog.LevelWarn
 	}
-	l := decisionlog.NewLine(s.now(), level, "dns")
-	l.Addr("client", client).
-		String("name", d.name).
+	l := decisionlog.NewLine(s.now(), level, "dns").Addr("client", client)
+	if e := d.hit; e != nil && d.cached && d.err == nil && d.class == "" && d.rtt == 0 {
+		l.Fields(e.decisionFields(d))
+	} else {
+		decisionFields(l, d)
+	}
+	s.dlog.Emit(l)
+}
+
+// decisionFields adds the fields of d's line after the client's address.
+func decisionFields(l *decisionlog.Line, d decision) {
+	l.String("name", d.name).
 		String("type", typeString(d.qtype)).
 		String("verdict", string(d.verdict)).
 		String("reason", d.reason).
@@ -463,7 +477,24 @@ func (s *Server) logDecision(client netip.Addr, d decision) {
 	if d.err != nil {
 		l.String("error", d.err.Error())
 	}
-	s.dlog.Emit(l)
+}
+
+// loggedFields are the encoded fields of an entry's cache-hit lines for
+// one policy reason and rule.
+type loggedFields struct {
+	reason, rule string
+	f            decisionlog.Fields
+}
+
+// decisionFields returns the fields of the line of d, a hit on e: every
+// hit on one entry under one rule has the same, so they are encoded once.
+func (e *entry) decisionFields(d decision) decisionlog.Fields {
+	if lf := e.logged.Load(); lf != nil && lf.reason == d.reason && lf.rule == d.rule {
+		return lf.f
+	}
+	lf := &loggedFields{reason: d.reason, rule: d.rule, f: decisionlog.Encode(func(l *decisionlog.Line) { decisionFields(l, d) })}
+	e.logged.Store(lf)
+	return lf.f
 }
 
 // isReverse reports whether n lies in the reverse-mapping trees.

@@ -3,6 +3,8 @@ package dnsfilter
 import (
 	"bytes"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/netip"
 	"strings"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/netclass"
 )
 
@@ -227,5 +230,32 @@ func TestBlockedWireIsTheBuiltAnswer(t *testing.T) {
 	}
 	if used == 0 {
 		t.Fatal("the packed answer was never used")
+	}
+}
+
+// TestHitLineFieldsEncodedOnce: the decision line of a cache hit, whose
+// fields after the client are encoded once per entry and rule, is byte for
+// byte the line encoded field by field, also after the rule changes.
+func TestHitLineFieldsEncodedOnce(t *testing.T) {
+	s := &Server{addrs: netclass.NewPolicy(nil, nil), minTTL: 5, maxTTL: 300}
+	e := s.check("a.example.com", dns.TypeAAAA, upstreamAnswer(t, "a.example.com", dns.TypeAAAA, 0, false, []string{"a.example.com. 60 IN AAAA 2606:2800:21f:cb07::1"}, nil, nil), time.Now())
+	client := netip.MustParseAddr("10.10.10.2")
+	at := time.Unix(1_700_000_000, 123456789)
+	line := func(fill func(*decisionlog.Line)) string {
+		var buf bytes.Buffer
+		w := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{&buf}})
+		l := decisionlog.NewLine(at, slog.LevelInfo, "dns").Addr("client", client)
+		fill(l)
+		w.Emit(l)
+		w.Close()
+		return buf.String()
+	}
+	for _, rule := range []string{"*.example.com", "*.example.com", "a.example.com", "*.example.com"} {
+		d := decision{name: "a.example.com", qtype: dns.TypeAAAA, verdict: allowlist.Allow, reason: "allowlisted", rule: rule, cached: true, hit: e}
+		got := line(func(l *decisionlog.Line) { l.Fields(e.decisionFields(d)) })
+		want := line(func(l *decisionlog.Line) { decisionFields(l, d) })
+		if got != want {
+			t.Errorf("rule %s:\nonce:  %s\nfield: %s", rule, got, want)
+		}
 	}
 }
