@@ -99,7 +99,7 @@ forwards: ["8080:80", "5173:5173"]
 	for _, w := range c.Widenings() {
 		keys = append(keys, w.Key)
 	}
-	want := "allowlist overrides.libvirt.template allow_private ports mode mitm.enabled mitm.exceptions dns.upstreams upstream_proxy.url upstream_ca forwards"
+	want := "allowlist cpus memory disk overrides.libvirt.template allow_private ports mode mitm.enabled mitm.exceptions dns.upstreams upstream_proxy.url upstream_ca forwards"
 	if strings.Join(keys, " ") != want {
 		t.Errorf("widenings = %q, want %q", keys, want)
 	}
@@ -124,6 +124,22 @@ func TestDefaultsAreHardened(t *testing.T) {
 	}
 	if w := c.Widenings(); len(w) != 0 {
 		t.Errorf("tightening needs trust: %v", w)
+	}
+	// Smaller than the defaults needs none; more of the host's resources
+	// does (a guest fills the disk it is given, on the host's).
+	c, err = parse(t, "version: 1\nname: dev\ncpus: 1\nmemory: 512\ndisk: 5\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := c.Widenings(); len(w) != 0 {
+		t.Errorf("smaller sizes need trust: %v", w)
+	}
+	c, err = parse(t, "version: 1\nname: dev\ndisk: 2048\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := c.Widenings(); len(w) != 1 || w[0].Key != "disk" || !strings.Contains(w[0].Why, "2048 GiB of the host's disk") {
+		t.Errorf("a 2 TiB disk needs no trust: %v", w)
 	}
 	// The default allowlist is empty: every entry is somewhere the guest
 	// could send what it holds.

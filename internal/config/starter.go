@@ -79,7 +79,7 @@ version: 1
 # The instance name (letters, digits, '-', '_').
 name: %s
 
-# Base image (abox base list), and the guest's size.
+# Base image (abox base list), and the guest's size (more than these: trust).
 base: debian-12
 cpus: 2
 memory: 1024          # MiB

@@ -50,6 +50,17 @@ func (c Config) widenings(allow []string) []Widening {
 	if len(allow) > 0 {
 		add("allowlist", "lets the guest reach %d name(s): %s", len(allow), strings.Join(allow, ", "))
 	}
+	// The host's resources past the defaults: a guest fills its disk
+	// (the host's), and memory and CPUs are taken from the host's others.
+	if c.CPUs > DefaultCPUs {
+		add("cpus", "gives the guest %d virtual CPUs (default %d)", c.CPUs, DefaultCPUs)
+	}
+	if c.MemoryMiB > DefaultMemoryMiB {
+		add("memory", "gives the guest %d MiB of the host's memory (default %d)", c.MemoryMiB, DefaultMemoryMiB)
+	}
+	if c.DiskGiB > DefaultDiskGiB {
+		add("disk", "lets the guest fill %d GiB of the host's disk (default %d)", c.DiskGiB, DefaultDiskGiB)
+	}
 	if c.Template != "" {
 		add("overrides.libvirt.template", "replaces the hardened libvirt domain with %s", c.Template)
 	}
