@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -134,7 +135,11 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 
 	out := p.outbound(r, st)
 	u.lim.read = 0
+	// The response header timeout runs from the end of the request, body
+	// included, as http.Transport's does: an upload may take longer.
 	var wdone chan error
+	var hdrMu sync.Mutex
+	hdrDone := false
 	if out.Body != nil {
 		// A body is written while the answer is read: an origin may answer
 		// (413, 401) before it has read the body.
@@ -143,6 +148,13 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 			err := out.Write(u.bw)
 			if err == nil {
 				err = u.bw.Flush()
+			}
+			if err == nil {
+				hdrMu.Lock()
+				if !hdrDone {
+					u.c.SetReadDeadline(time.Now().Add(p.cfg.ResponseHeaderTimeout))
+				}
+				hdrMu.Unlock()
 			}
 			wdone <- err
 		}()
@@ -154,9 +166,9 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		if err != nil {
 			return false, errStaleWrite
 		}
+		u.c.SetReadDeadline(time.Now().Add(p.cfg.ResponseHeaderTimeout))
 	}
 
-	u.c.SetReadDeadline(time.Now().Add(p.cfg.ResponseHeaderTimeout))
 	u.lim.limited, u.lim.n = true, upMaxResponseHeader
 	resp, err := http.ReadResponse(u.br, out)
 	for err == nil && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
@@ -173,7 +185,10 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		resp, err = http.ReadResponse(u.br, out)
 	}
 	u.lim.limited = false
+	hdrMu.Lock()
+	hdrDone = true
 	u.c.SetReadDeadline(time.Time{})
+	hdrMu.Unlock()
 	if err != nil {
 		if ctx.Err() != nil {
 			return false, ctx.Err()

@@ -26,6 +26,22 @@ func startDroppingOrigin(t *testing.T) *droppingOrigin {
 		t.Fatal(err)
 	}
 	o := &droppingOrigin{ln: ln}
+	serveRaw(t, ln, func(c net.Conn, br *bufio.Reader) {
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		if r, err := http.ReadRequest(br); err == nil {
+			o.mu.Lock()
+			o.seen = append(o.seen, r.Method)
+			o.mu.Unlock()
+		}
+	})
+	return o
+}
+
+// serveRaw runs serve on every connection ln accepts, until the test ends.
+func serveRaw(t *testing.T, ln net.Listener, serve func(net.Conn, *bufio.Reader)) {
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -35,20 +51,10 @@ func startDroppingOrigin(t *testing.T) *droppingOrigin {
 			}
 			go func() {
 				defer c.Close()
-				br := bufio.NewReader(c)
-				if _, err := http.ReadRequest(br); err != nil {
-					return
-				}
-				fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-				if r, err := http.ReadRequest(br); err == nil {
-					o.mu.Lock()
-					o.seen = append(o.seen, r.Method)
-					o.mu.Unlock()
-				}
+				serve(c, bufio.NewReader(c))
 			}()
 		}
 	}()
-	return o
 }
 
 // TestStaleConnectionRetry: a pooled connection the origin closed while a
@@ -95,26 +101,15 @@ func TestBytesPastAResponseNeverAnswerTheNext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
+	serveRaw(t, ln, func(c net.Conn, br *bufio.Reader) {
 		for {
-			c, err := ln.Accept()
-			if err != nil {
+			if _, err := http.ReadRequest(br); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					if _, err := http.ReadRequest(br); err != nil {
-						return
-					}
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\ngenuine"+
-						"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled")
-				}
-			}()
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\ngenuine"+
+				"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nsmuggled")
 		}
-	}()
+	})
 	h := newHarness(t, hopts{allow: []string{"origin.test"}})
 	_, pt, _ := net.SplitHostPort(ln.Addr().String())
 	h.allowOrigin("origin.test", nil, pt)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -175,5 +176,41 @@ func TestUploadStreams(t *testing.T) {
 				t.Errorf("origin got %q, want %q", b, want)
 			}
 		})
+	}
+}
+
+// slowBody yields n chunks of 1 KiB, gap apart.
+type slowBody struct {
+	n   int
+	gap time.Duration
+}
+
+func (s *slowBody) Read(p []byte) (int, error) {
+	if s.n == 0 {
+		return 0, io.EOF
+	}
+	time.Sleep(s.gap)
+	s.n--
+	k := min(len(p), 1024)
+	clear(p[:k])
+	return k, nil
+}
+
+// TestSlowUploadOutlivesHeaderTimeout: the response header timeout starts
+// when the request, body included, has been sent: an upload that takes
+// longer than it still gets its answer.
+func TestSlowUploadOutlivesHeaderTimeout(t *testing.T) {
+	h := newHarness(t, hopts{allow: []string{"origin.test"}, respHeader: 300 * time.Millisecond})
+	o := newHTTPOrigin(t, transferMux())
+	h.allowOrigin("origin.test", o, port(t, o))
+	req, _ := http.NewRequest("POST", "http://origin.test:"+port(t, o)+"/upload", io.NopCloser(&slowBody{n: 10, gap: 100 * time.Millisecond}))
+	resp, err := h.client(false).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(string(b), "10240 ") {
+		t.Errorf("a 1 s upload with a 300 ms header timeout: %d %q, want 200 and 10240 bytes received", resp.StatusCode, b)
 	}
 }
