@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -371,6 +372,18 @@ func newSSHCmd(e *env) *cobra.Command {
 			}
 			c := exec.CommandContext(cmd.Context(), path, argv...)
 			c.Stdin, c.Stdout, c.Stderr = e.stdin, e.stdout, e.stderr
+			if len(args) > 1 {
+				// A command's output is the guest's and, without a tty of
+				// its own, reaches the operator's terminal as bytes:
+				// escaped there, passed as it is to a pipe or a file.
+				for _, w := range []*io.Writer{&c.Stdout, &c.Stderr} {
+					if termtext.IsTerminal(*w) {
+						tw := termtext.NewWriter(*w)
+						defer tw.Flush()
+						*w = tw
+					}
+				}
+			}
 			if err := c.Run(); err != nil {
 				var ee *exec.ExitError
 				if errors.As(err, &ee) {

@@ -3,8 +3,18 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/paths"
 	"github.com/abox-dev/abox/internal/termtext"
 )
 
@@ -32,4 +42,73 @@ func TestLogsAndJSONCannotDriveTheTerminal(t *testing.T) {
 			t.Errorf("--json prints %U: %q", r, out.String())
 		}
 	}
+}
+
+// TestSSHCommandOutputOnATerminal: `abox ssh NAME -- COMMAND` runs without
+// a tty of its own, so the guest's bytes would reach the operator's
+// terminal as they are; on a terminal they are escaped, to a pipe they
+// pass unchanged (tar c | tar x must keep working). ssh is stood in for by
+// a program that prints what a hostile guest would.
+func TestSSHCommandOutputOnATerminal(t *testing.T) {
+	bin := t.TempDir()
+	os.WriteFile(filepath.Join(bin, "ssh"), []byte("#!/bin/sh\nprintf 'out\\033]0;pwned\\007\\n'\nprintf 'err\\033[2J\\n' >&2\n"), 0o755)
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	l := paths.Layout{Root: t.TempDir()}
+	saveState(t, l.Root, instance.State{Name: "dev", User: "abox", Gateway: netip.MustParseAddr("10.10.9.1")})
+	key := l.Instance("dev").SSHKey
+	os.MkdirAll(filepath.Dir(key), 0o700)
+	os.WriteFile(key, []byte("key"), 0o600)
+
+	master, slave := openPTY(t)
+	e := &env{stdin: strings.NewReader(""), stdout: slave, stderr: slave, layout: func() (paths.Layout, error) { return l, nil }}
+	root := newRootCmd(e)
+	root.SetArgs([]string{"ssh", "dev", "--", "cat", "motd"})
+	if err := root.ExecuteContext(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	got, _ := io.ReadAll(master)
+	if bytes.ContainsAny(got, "\x1b\x07") || !bytes.Contains(got, []byte(`out\x1b]0;pwned\x07`)) || !bytes.Contains(got, []byte(`err\x1b[2J`)) {
+		t.Errorf("on a terminal: %q", got)
+	}
+
+	var pipe bytes.Buffer
+	e = &env{stdin: strings.NewReader(""), stdout: &pipe, stderr: &pipe, layout: func() (paths.Layout, error) { return l, nil }}
+	root = newRootCmd(e)
+	root.SetArgs([]string{"ssh", "dev", "--", "cat", "motd"})
+	if err := root.ExecuteContext(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(pipe.Bytes(), []byte("out\x1b]0;pwned\x07\n")) {
+		t.Errorf("to a pipe the bytes changed: %q", pipe.Bytes())
+	}
+}
+
+// openPTY opens a pseudo-terminal pair.
+func openPTY(t *testing.T) (master, slave *os.File) {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no pty: %v", err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := os.OpenFile("/dev/pts/"+strconv.Itoa(n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Raw output: no newline translation on the way to the reader.
+	tio, err := unix.IoctlGetTermios(int(s.Fd()), unix.TCGETS)
+	if err == nil {
+		tio.Oflag &^= unix.OPOST
+		unix.IoctlSetTermios(int(s.Fd()), unix.TCSETS, tio)
+	}
+	t.Cleanup(func() { s.Close() })
+	return m, s
 }

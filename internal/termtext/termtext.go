@@ -12,6 +12,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
 )
 
 // Unsafe reports whether r must never reach a terminal as itself: C0 and C1
@@ -179,4 +181,16 @@ func JSON(b []byte) []byte {
 		i += size
 	}
 	return out
+}
+
+// IsTerminal reports whether w is a terminal (a character device file such
+// as the operator's tty), where foreign text must be made safe; a pipe or a
+// regular file gets the bytes as they are.
+func IsTerminal(w io.Writer) bool {
+	f, ok := w.(interface{ Fd() uintptr })
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }

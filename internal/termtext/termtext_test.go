@@ -3,6 +3,8 @@ package termtext
 import (
 	"bytes"
 	"encoding/json"
+	"io"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -145,4 +147,27 @@ func FuzzTermtext(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestIsTerminal: a pty is a terminal; a pipe, a file and a buffer are not
+// (they get the guest's bytes as they are).
+func TestIsTerminal(t *testing.T) {
+	ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no pty: %v", err)
+	}
+	defer ptmx.Close()
+	if !IsTerminal(ptmx) {
+		t.Error("a pty is not a terminal")
+	}
+	r, w, _ := os.Pipe()
+	defer r.Close()
+	defer w.Close()
+	f, _ := os.CreateTemp(t.TempDir(), "x")
+	defer f.Close()
+	for _, x := range []io.Writer{w, f, &bytes.Buffer{}} {
+		if IsTerminal(x) {
+			t.Errorf("%T is a terminal", x)
+		}
+	}
 }
