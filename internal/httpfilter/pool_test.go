@@ -1,6 +1,7 @@
 package httpfilter
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -11,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/abox-dev/abox/internal/egress"
 )
 
 // connOrigin is a plain HTTP/1.1 origin that names itself in X-Origin and
@@ -239,5 +242,45 @@ func TestInnerRequestsReuseConnectAddresses(t *testing.T) {
 			t.Fatalf("still %d 5s after pin.test was removed", resp.StatusCode)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestH2ConnectionLostIsRetried: a request without a body whose shared
+// HTTP/2 connection went away under it is sent once more on a new one.
+func TestH2ConnectionLostIsRetried(t *testing.T) {
+	h := newHarness(t, hopts{allow: []string{"h2.test"}})
+	o := startOrigin(t, "h2", "", true, true)
+	pt := port(t, o.Server)
+	h.allowOrigin("h2.test", o, pt)
+	tg, err := egress.ParseAuthority("h2.test:"+pt, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := h.p.decide(context.Background(), tg, nil)
+	if d.checked == nil {
+		t.Fatalf("decision %+v", d)
+	}
+	st := &fwdState{checked: d.checked, scheme: "https", defaultPort: 443, rec: &record{}}
+	_, cc, err := h.p.dialUpstreamConn(context.Background(), st)
+	if err != nil || cc == nil {
+		t.Fatalf("dial: %v, h2 %v", err, cc != nil)
+	}
+	st.h2 = cc
+	ctx := context.WithValue(context.Background(), fwdKey{}, st)
+	req, _ := http.NewRequestWithContext(ctx, "GET", "https://h2.test:"+pt+"/", nil)
+	resp, err := upstreamRT{h.p}.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	cc.Close() // gone before the next request went out
+	req, _ = http.NewRequestWithContext(ctx, "GET", "https://h2.test:"+pt+"/", nil)
+	resp, err = upstreamRT{h.p}.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("round trip on a lost HTTP/2 connection: %v, want it sent again on a new one", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.ProtoMajor != 2 || o.opened.Load() != 2 {
+		t.Errorf("%d over %s, origin connections %d; want 200 over HTTP/2 on a second connection", resp.StatusCode, resp.Proto, o.opened.Load())
 	}
 }

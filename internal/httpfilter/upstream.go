@@ -117,7 +117,7 @@ func (p *upstreamPool) get(c *egress.Checked, useTLS bool) (*upConn, *http2.Clie
 		k := upstreamKey{addr: netip.AddrPortFrom(a, c.Target.Port), host: host, tls: useTLS}
 		if hs := p.h2[k]; len(hs) > 0 {
 			for _, h := range hs {
-				if h.cc.CanTakeNewRequest() {
+				if h2Usable(h.cc) {
 					p.mu.Unlock()
 					return nil, h.cc
 				}
