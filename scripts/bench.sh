@@ -9,7 +9,7 @@ echo "== Allowlist: lookup time and memory at 1k and 100k entries (goal: < 300 n
 go test -run '^$' -bench 'BenchmarkMatch|BenchmarkBuild' -benchmem ./internal/allowlist
 echo "== DNS filter: queries/s and latency, blocked and cached allowed names" >&2
 go run ./tools/benchdns -duration "${BENCH_DURATION:-6s}"
-echo "== DNS filter: query handler without sockets (go test -bench)" >&2
-go test -run '^$' -bench BenchmarkHandle -benchtime 100000x ./internal/dnsfilter
+echo "== DNS filter: query handler and the batched UDP path without sockets (go test -bench)" >&2
+go test -run '^$' -bench 'BenchmarkHandle|BenchmarkDatagram' -benchtime 100000x ./internal/dnsfilter
 echo "== HTTP filter: req/s and p50/p99 (plain, tunnel, intercepted), MB/s of a large body, memory per 1,000 tunnels" >&2
 go run ./tools/benchhttp

@@ -148,8 +148,10 @@ func run(o options) error {
 		}},
 		{name: "abox", start: func() (string, *proc, error) {
 			addr := freePort()
+			// The zone answers 127.0.0.1: without --allow-host the filter
+			// would refuse every allowed name as rebinding.
 			p, err := o.spawn(o.serverCPU, "", abox, "dns", "serve", "--listen", addr, "--upstream", fx.dns,
-				"--allowlist", fx.allowlist, "--rate-limit", "0", "--log-file", filepath.Join(o.dir, "dns.log"))
+				"--allowlist", fx.allowlist, "--allow-host", "127.0.0.0/8", "--rate-limit", "0", "--log-file", filepath.Join(o.dir, "dns.log"))
 			if err != nil {
 				return "", nil, err
 			}
@@ -499,6 +501,9 @@ func dnsWorker(addr string, blocked bool, w int) func() error {
 						return err
 					}
 					if n >= 12 && buf[0] == q[0] && buf[1] == q[1] {
+						if err := checkAnswer(buf[:n], blocked); err != nil {
+							return err
+						}
 						return errLate
 					}
 				}
@@ -507,10 +512,24 @@ func dnsWorker(addr string, blocked bool, w int) func() error {
 				return err
 			}
 			if n >= 12 && buf[0] == q[0] && buf[1] == q[1] {
-				return nil
+				return checkAnswer(buf[:n], blocked)
 			}
 		}
 	}
+}
+
+// checkAnswer is an error unless the answer is what the test asks for:
+// NXDOMAIN for a blocked name, NOERROR with one answer record for an
+// allowed one (a filter refusing it, as rebinding say, is not measured).
+func checkAnswer(b []byte, blocked bool) error {
+	rcode, answers := b[3]&0xF, int(b[6])<<8|int(b[7])
+	switch {
+	case blocked && rcode != dns.RcodeNameError:
+		return fmt.Errorf("blocked name answered with rcode %d", rcode)
+	case !blocked && (rcode != dns.RcodeSuccess || answers == 0):
+		return fmt.Errorf("allowed name answered with rcode %d and %d records", rcode, answers)
+	}
+	return nil
 }
 
 // errLate marks an answer that arrived in time but was read late because
