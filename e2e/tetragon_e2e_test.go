@@ -180,6 +180,10 @@ func TestTetragonAgent(t *testing.T) {
 			js.Monitor.Events, js.Monitor.ByType, js.Monitor.DroppedRate, js.Monitor.DroppedInvalid, js.Monitor.DroppedOversize)
 	}
 
+	if rss, err := s.guest(name, "ps -o rss= -C tetragon; free -m | sed -n 2p"); err == nil {
+		t.Logf("FIGURE tetragon resident KiB, then the guest's memory (MiB total used free ...): %s", strings.Join(strings.Fields(rss), " "))
+	}
+
 	// The agent comes back by itself on the next boot, without a reinstall.
 	t.Run("restart keeps the agent", func(t *testing.T) {
 		s.mustAbox("stop", name)

@@ -112,6 +112,15 @@ func tetragonInstallScript(sha, prefix, user string) string {
 	b.WriteString(`set -eu
 umask 022
 want=` + sha + `
+# One setup at a time (a start --no-wait's and a later start's); the one
+# that waited finds the bundle installed and only starts the units.
+exec 9>/run/abox-tetragon.lock
+flock 9
+if [ "$(cat ` + TetragonMarker + ` 2>/dev/null)" = "$want" ]; then
+	cat >/dev/null
+	systemctl enable --now ` + TetragonUnit + ` ` + MonitorUnit + ` >/dev/null 2>&1
+	exit 0
+fi
 d=$(mktemp -d /var/tmp/abox-tetragon.XXXXXX)
 trap 'rm -rf "$d"' EXIT
 cat >"$d/bundle.tar.gz"

@@ -72,6 +72,9 @@ func TestTetragonInstallScript(t *testing.T) {
 	if out, err := exec.Command("sh", "-n", "-c", s).CombinedOutput(); err != nil {
 		t.Fatalf("sh -n: %v\n%s\n%s", err, out, s)
 	}
+	if lock, first := strings.Index(s, "flock 9"), strings.Index(s, "cat >"); lock < 0 || lock > first {
+		t.Errorf("the setup does not take the guest's lock before it reads the bundle:\n%s", s)
+	}
 	check, unpack := strings.Index(s, `[ "$got" != "$want" ]`), strings.Index(s, "tar -xzf")
 	if check < 0 || unpack < 0 || check > unpack || !strings.Contains(s, "want="+sha) {
 		t.Errorf("the digest is not checked before tar runs:\n%s", s)
