@@ -90,9 +90,11 @@ func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn, bc batchConn) err
 	return err
 }
 
-// udpSlot is one datagram of a batch, in and out.
+// udpSlot is one datagram of a batch, in and out; bufs is the one-buffer
+// list its answer is sent from.
 type udpSlot struct {
 	in, out []byte
+	bufs    [][]byte
 }
 
 // readUDP is one reading goroutine: read a batch, answer what can be
@@ -104,6 +106,7 @@ func (s *Server) readUDP(ctx context.Context, c *net.UDPConn, bc batchConn, pend
 	for i := range in {
 		slots[i].in = make([]byte, udpReadSize)
 		slots[i].out = make([]byte, 0, MaxUDPSize)
+		slots[i].bufs = make([][]byte, 1)
 		in[i].Buffers = [][]byte{slots[i].in}
 	}
 	for {
@@ -148,7 +151,8 @@ func (s *Server) readUDP(ctx context.Context, c *net.UDPConn, bc batchConn, pend
 			if b == nil {
 				continue
 			}
-			out = append(out, ipv4.Message{Buffers: [][]byte{b}, Addr: m.Addr})
+			slots[i].bufs[0] = b
+			out = append(out, ipv4.Message{Buffers: slots[i].bufs, Addr: m.Addr})
 		}
 		s.sendUDP(bc, out)
 	}
