@@ -52,7 +52,7 @@ type entry struct {
 // upstream round trip.
 func (s *Server) resolve(ctx context.Context, name string, qtype uint16, do bool) (*entry, bool, time.Duration, error) {
 	k := cacheKey{name: name, qtype: qtype, do: do}
-	if e := s.cached(k); e != nil {
+	if e := s.cached(k, s.now()); e != nil {
 		return e, true, 0, nil
 	}
 	type result struct {
@@ -95,12 +95,12 @@ func (s *Server) resolve(ctx context.Context, name string, qtype uint16, do bool
 	return res.e, false, res.rtt, nil
 }
 
-// cached returns the live cache entry of k, or nil.
-func (s *Server) cached(k cacheKey) *entry {
+// cached returns the entry of k live at now, or nil.
+func (s *Server) cached(k cacheKey, now time.Time) *entry {
 	if s.cache == nil {
 		return nil
 	}
-	e := s.cache.get(k, s.now())
+	e := s.cache.get(k, now)
 	if e != nil {
 		s.st.cacheHits.Add(1)
 	}

@@ -46,6 +46,9 @@ const (
 
 // decision is what one query led to, for the log line and counters.
 type decision struct {
+	// at is when the query was decided (answered, for one that went
+	// upstream): the one reading of the clock for its rate, cache, TTLs and line.
+	at      time.Time
 	name    string
 	qtype   uint16
 	verdict allowlist.Verdict
@@ -140,12 +143,12 @@ type pending struct {
 // except an allowed query the cache cannot answer: that one is returned
 // pending, for finish.
 func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*dns.Msg, decision, *pending) {
-	var d decision
+	d := decision{at: s.now()}
 	if len(req.Question) == 1 {
 		d.name, d.qtype = strings.TrimSuffix(req.Question[0].Name, "."), req.Question[0].Qtype
 	}
 	if s.limit != nil {
-		if ok, logIt := s.limit.Allow(client, s.now()); !ok {
+		if ok, logIt := s.limit.Allow(client, d.at); !ok {
 			s.st.rateLimited.Add(1)
 			d.verdict, d.reason, d.rcode = allowlist.Block, ReasonRateLimited, dns.RcodeRefused
 			if logIt {
@@ -172,7 +175,7 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 	opt, _ := queryOPT(req)
 	do := opt != nil && opt.Do()
 	p := &pending{name: n, qtype: q.Qtype, opt: opt, rule: pd.Rule}
-	if p.e = s.cached(cacheKey{name: n, qtype: q.Qtype, do: do}); p.e != nil {
+	if p.e = s.cached(cacheKey{name: n, qtype: q.Qtype, do: do}, d.at); p.e != nil {
 		d.cached = true
 	}
 	return nil, d, p
@@ -258,7 +261,7 @@ func (s *Server) finish(ctx context.Context, req *dns.Msg, p *pending, d decisio
 		return resp, d
 	}
 	e, cached, rtt, err := s.resolve(ctx, p.name, p.qtype, p.opt != nil && p.opt.Do())
-	d.cached, d.rtt = cached, rtt
+	d.cached, d.rtt, d.at = cached, rtt, s.now()
 	if err != nil {
 		d.err = err
 		d.reason, d.rcode = ReasonUpstream, dns.RcodeServerFailure
@@ -287,7 +290,7 @@ func (s *Server) finish(ctx context.Context, req *dns.Msg, p *pending, d decisio
 // With dst, an answer that fits a UDP client as it is comes back packed
 // into dst (wire) instead of as a message.
 func (s *Server) answer(req *dns.Msg, opt *dns.OPT, e *entry, rule string, d decision, dst []byte) (*dns.Msg, []byte, decision) {
-	now := s.now()
+	now := d.at
 	if class, _ := s.forbidden(e, now); class != "" {
 		s.st.blocked.Add(1)
 		s.st.rebinding.Add(1)
@@ -452,7 +455,7 @@ func (s *Server) logDecision(client netip.Addr, d decision) {
 	if d.err != nil {
 		level = slog.LevelWarn
 	}
-	l := decisionlog.NewLine(s.now(), level, "dns").Addr("client", client)
+	l := decisionlog.NewLine(d.at, level, "dns").Addr("client", client)
 	if e := d.hit; e != nil && d.cached && d.err == nil && d.class == "" && d.rtt == 0 {
 		l.Fields(e.decisionFields(d))
 	} else {

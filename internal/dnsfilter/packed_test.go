@@ -175,11 +175,11 @@ func TestCachedAnswerClassifiedOnEveryUse(t *testing.T) {
 	s := &Server{addrs: netclass.NewPolicy(nil, nil), minTTL: 5, maxTTL: 300, now: time.Now, pol: nil}
 	e := s.check("example.com", dns.TypeA, upstreamAnswer(t, "example.com", dns.TypeA, 0, false, []string{"example.com. 60 IN A 93.184.215.14"}, nil, nil), time.Now())
 	req := new(dns.Msg).SetQuestion("example.com.", dns.TypeA)
-	if _, wire, d := s.answer(req, nil, e, "example.com", decision{}, make([]byte, 0, 512)); wire == nil || d.reason == ReasonRebinding {
+	if _, wire, d := s.answer(req, nil, e, "example.com", decision{at: time.Now()}, make([]byte, 0, 512)); wire == nil || d.reason == ReasonRebinding {
 		t.Fatalf("public address: packed %v, reason %q; want a packed answer", wire != nil, d.reason)
 	}
 	s.addrs = netclass.NewPolicy(nil, []netip.Addr{netip.MustParseAddr("93.184.215.14")}) // now a host address
-	resp, wire, d := s.answer(req, nil, e, "example.com", decision{}, make([]byte, 0, 512))
+	resp, wire, d := s.answer(req, nil, e, "example.com", decision{at: time.Now()}, make([]byte, 0, 512))
 	if wire != nil || resp == nil || resp.Rcode != dns.RcodeNameError || d.reason != ReasonRebinding || d.class != string(netclass.HostAddress) {
 		t.Fatalf("address now the host's: packed %v, reason %q class %q; want NXDOMAIN %s, class %s", wire != nil, d.reason, d.class, ReasonRebinding, netclass.HostAddress)
 	}
