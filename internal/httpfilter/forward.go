@@ -17,7 +17,6 @@ import (
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/egress"
 	"golang.org/x/net/http/httpguts"
-	"golang.org/x/net/http2"
 )
 
 // scope is what an intercepted connection was opened for.
@@ -39,8 +38,7 @@ type fwdState struct {
 	scheme      string
 	defaultPort uint16
 	rec         *record
-	sent        atomic.Int64      // request body bytes sent upstream
-	h2          *http2.ClientConn // set when the origin speaks HTTP/2
+	sent        atomic.Int64 // request body bytes sent upstream
 }
 
 // ServeHTTP handles the guest's connection to the proxy: absolute-form

@@ -65,9 +65,10 @@ func retryable(err error, r *http.Request) bool {
 }
 
 // forward sends r to the checked target of st and streams the answer to w:
-// HTTP/1.1 over the proxy's own pooled connections, HTTP/2 (origins that
-// offer it) and WebSocket upgrades through ReverseProxy. It reports whether
-// the guest's answer must be aborted (the body broke after the header).
+// HTTP/1.1 over the proxy's own pooled connections, HTTP/2 over a shared
+// connection to origins that offer it, WebSocket upgrades through
+// ReverseProxy. It reports whether the guest's answer must be aborted (the
+// body broke after the header).
 func (p *Proxy) forward(ctx context.Context, w *countingWriter, r *http.Request, st *fwdState) (abort bool) {
 	if w.upgrade {
 		return p.reverseProxy(ctx, w, r, st)
@@ -89,11 +90,13 @@ func (p *Proxy) forward(ctx context.Context, w *countingWriter, r *http.Request,
 				return false
 			}
 		}
+		var abort bool
+		var err error
 		if cc != nil {
-			st.h2 = cc
-			return p.reverseProxy(ctx, w, r, st)
+			abort, err = p.exchangeH2(ctx, w, r, st, cc)
+		} else {
+			abort, err = p.exchange(ctx, w, r, st, u)
 		}
-		abort, err := p.exchange(ctx, w, r, st, u)
 		if reused && retryable(err, r) {
 			continue
 		}
@@ -202,6 +205,75 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		return false, errors.New("reading upstream response: 101 Switching Protocols to a request without Upgrade")
 	}
 
+	relayHeader(w, resp)
+	var rerr, werr error
+	if !u.key.tls && resp.ContentLength >= spliceMin && out.Method != http.MethodHead {
+		rerr, werr = spliceResponse(w, u, resp.ContentLength)
+	} else {
+		rerr, werr = relayBody(w, resp)
+	}
+	if rerr != nil || werr != nil {
+		st.rec.err = errors.Join(rerr, werr)
+		return true, nil
+	}
+	relayTrailers(w, resp)
+	reuse = !resp.Close && !out.Close
+	if wdone != nil {
+		select {
+		case werr := <-wdone:
+			reuse = reuse && werr == nil
+		default:
+			// The origin answered before it took the whole body: this
+			// connection is done; closing it ends the writer.
+			reuse = false
+		}
+	}
+	return false, nil
+}
+
+// exchangeH2 sends r over the shared HTTP/2 connection cc and copies the
+// response to w; errors and abort as exchange's.
+func (p *Proxy) exchangeH2(ctx context.Context, w *countingWriter, r *http.Request, st *fwdState, cc *http2.ClientConn) (abort bool, err error) {
+	out := p.outbound(r, st).WithContext(ctx)
+	resp, err := p.roundTripH2(ctx, out, st, cc)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		return false, errors.New("reading upstream response: 101 Switching Protocols over HTTP/2")
+	}
+	relayHeader(w, resp)
+	if rerr, werr := relayBody(w, resp); rerr != nil || werr != nil {
+		st.rec.err = errors.Join(rerr, werr)
+		return true, nil
+	}
+	relayTrailers(w, resp)
+	return false, nil
+}
+
+// roundTripH2 sends out on cc. A request without a body whose connection
+// went away under it (GOAWAY, a close while idle) goes once more on a new
+// connection, as http.Transport would send it.
+func (p *Proxy) roundTripH2(ctx context.Context, out *http.Request, st *fwdState, cc *http2.ClientConn) (*http.Response, error) {
+	resp, err := cc.RoundTrip(out)
+	if err == nil || h2Usable(cc) || ctx.Err() != nil || out.Body != nil {
+		return resp, err
+	}
+	u, cc2, derr := p.dialUpstreamConn(ctx, st)
+	if derr != nil {
+		return nil, err
+	}
+	if cc2 == nil {
+		u.close() // the origin stopped offering HTTP/2; the guest may retry
+		return nil, err
+	}
+	return cc2.RoundTrip(out)
+}
+
+// relayHeader gives the guest the origin's status and header, without the
+// hop-by-hop fields, announcing its trailers.
+func relayHeader(w *countingWriter, resp *http.Response) {
 	removeHopByHop(resp.Header)
 	h := w.Header()
 	for k, vv := range resp.Header {
@@ -215,34 +287,24 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		h["Trailer"] = []string{strings.Join(keys, ", ")}
 	}
 	w.WriteHeader(resp.StatusCode)
-	var rerr, werr error
-	if !u.key.tls && resp.ContentLength >= spliceMin && out.Method != http.MethodHead {
-		rerr, werr = spliceResponse(w, u, resp.ContentLength)
-	} else {
-		flush := resp.ContentLength == -1 || isEventStream(resp.Header)
-		bp := copyBufs.Get().(*[]byte)
-		rerr, werr = copyBody(w, resp.Body, *bp, flush)
-		copyBufs.Put(bp)
-	}
-	if rerr != nil || werr != nil {
-		st.rec.err = errors.Join(rerr, werr)
-		return true, nil
-	}
+}
+
+// relayBody streams the body through a pooled buffer; bodies of unknown
+// length and event streams are flushed on every write (as ReverseProxy
+// does), others are left to the server's buffering.
+func relayBody(w *countingWriter, resp *http.Response) (rerr, werr error) {
+	flush := resp.ContentLength == -1 || isEventStream(resp.Header)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	return copyBody(w, resp.Body, *bp, flush)
+}
+
+// relayTrailers sets the trailers that arrived with the body.
+func relayTrailers(w *countingWriter, resp *http.Response) {
+	h := w.Header()
 	for k, vv := range resp.Trailer {
 		h[k] = vv
 	}
-	reuse = !resp.Close && !out.Close
-	if wdone != nil {
-		select {
-		case werr := <-wdone:
-			reuse = reuse && werr == nil
-		default:
-			// The origin answered before it took the whole body: this
-			// connection is done; closing it ends the writer.
-			reuse = false
-		}
-	}
-	return false, nil
 }
 
 // spliceResponse sends a plain-HTTP body of n bytes: what the header read

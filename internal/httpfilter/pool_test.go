@@ -265,22 +265,53 @@ func TestH2ConnectionLostIsRetried(t *testing.T) {
 	if err != nil || cc == nil {
 		t.Fatalf("dial: %v, h2 %v", err, cc != nil)
 	}
-	st.h2 = cc
-	ctx := context.WithValue(context.Background(), fwdKey{}, st)
+	ctx := context.Background()
 	req, _ := http.NewRequestWithContext(ctx, "GET", "https://h2.test:"+pt+"/", nil)
-	resp, err := upstreamRT{h.p}.RoundTrip(req)
+	resp, err := h.p.roundTripH2(ctx, req, st, cc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
 	cc.Close() // gone before the next request went out
 	req, _ = http.NewRequestWithContext(ctx, "GET", "https://h2.test:"+pt+"/", nil)
-	resp, err = upstreamRT{h.p}.RoundTrip(req)
+	resp, err = h.p.roundTripH2(ctx, req, st, cc)
 	if err != nil {
 		t.Fatalf("round trip on a lost HTTP/2 connection: %v, want it sent again on a new one", err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != 200 || resp.ProtoMajor != 2 || o.opened.Load() != 2 {
 		t.Errorf("%d over %s, origin connections %d; want 200 over HTTP/2 on a second connection", resp.StatusCode, resp.Proto, o.opened.Load())
+	}
+}
+
+// TestTrailersRelayed: trailers the origin sends after the body reach the
+// guest, from an HTTP/1.1 origin and from an HTTP/2 one.
+func TestTrailersRelayed(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Sum")
+		w.Header().Set("X-Proto", r.Proto)
+		io.WriteString(w, "body")
+		w.(http.Flusher).Flush()
+		w.Header().Set("X-Sum", "42")
+	})
+	h := newHarness(t, hopts{allow: []string{"origin.test"}})
+	plain := startOriginWith(t, "plain", "", false, false, mux)
+	h2o := startOriginWith(t, "h2", "", true, true, mux)
+	h.allowOrigin("origin.test", plain, port(t, plain.Server))
+	h.p.ports[uint16(mustAtoi(port(t, h2o.Server)))] = true
+	for _, tc := range []struct{ url, proto string }{
+		{"http://origin.test:" + port(t, plain.Server) + "/", "HTTP/1.1"},
+		{"https://origin.test:" + port(t, h2o.Server) + "/", "HTTP/2.0"},
+	} {
+		resp, err := h.client(false).Get(tc.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(b) != "body" || resp.Trailer.Get("X-Sum") != "42" || resp.Header.Get("X-Proto") != tc.proto {
+			t.Errorf("%s: body %q, trailer %v, upstream %s; want body, X-Sum 42 over %s", tc.url, b, resp.Trailer, resp.Header.Get("X-Proto"), tc.proto)
+		}
 	}
 }

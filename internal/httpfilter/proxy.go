@@ -375,33 +375,12 @@ func (p *Proxy) guardRefused(client, connect, reason string) {
 		verdict: allowlist.Block, reason: reason, denialID: newDenialID()})
 }
 
-// upstreamRT sends ReverseProxy's requests: over the HTTP/2 connection the
-// request's forward chose, else (WebSocket upgrades) through the Transport,
-// whose only dialer is dialUpstream.
+// upstreamRT sends ReverseProxy's requests (WebSocket upgrades) through the
+// Transport, whose only dialer is dialUpstream.
 type upstreamRT struct{ p *Proxy }
 
 func (t upstreamRT) RoundTrip(r *http.Request) (*http.Response, error) {
-	st, _ := r.Context().Value(fwdKey{}).(*fwdState)
-	if st == nil || st.h2 == nil {
-		return t.p.transport.RoundTrip(r)
-	}
-	resp, err := st.h2.RoundTrip(r)
-	if err == nil || h2Usable(st.h2) || r.Context().Err() != nil || (r.Body != nil && r.Body != http.NoBody) {
-		return resp, err
-	}
-	// The shared connection went away under the request (GOAWAY, a close
-	// while idle): a request without a body goes once more on a new one, as
-	// http.Transport would send it.
-	u, cc, derr := t.p.dialUpstreamConn(r.Context(), st)
-	if derr != nil {
-		return nil, err
-	}
-	if cc == nil {
-		u.close() // the origin stopped offering HTTP/2; the guest may retry
-		return nil, err
-	}
-	st.h2 = cc
-	return cc.RoundTrip(r)
+	return t.p.transport.RoundTrip(r)
 }
 
 // h2Usable: CanTakeNewRequest also says yes for a connection closed before
