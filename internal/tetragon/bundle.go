@@ -142,6 +142,13 @@ func Validate(r io.Reader, name string) (Info, error) {
 		if _, dup := kinds[n]; dup {
 			return bad("entry %q appears twice", hdr.Name)
 		}
+		for k := range hdr.PAXRecords {
+			if strings.HasPrefix(k, "GNU.sparse.") {
+				// Holes the guest's tar would fill: a small archive,
+				// a file as large as it claims.
+				return bad("entry %q is a sparse file", hdr.Name)
+			}
+		}
 		if hdr.Mode&(0o4000|0o2000) != 0 {
 			return bad("entry %q has a set-user or set-group id bit", hdr.Name)
 		}

@@ -131,6 +131,22 @@ func TestValidateRefusesHostileBundles(t *testing.T) {
 		return buf.Bytes()
 	}
 	trailing := append(rawTar(goodEntries("")), []byte("usr/local/bin/evil\x00")...)
+	// A PAX record of GNU's sparse format, patched in over a comment of the
+	// same length (tar.Writer will not write one).
+	var sparse bytes.Buffer
+	tw := tar.NewWriter(&sparse)
+	for _, e := range goodEntries("") {
+		h := &tar.Header{Name: e.name, Typeflag: tar.TypeDir, Mode: 0o755}
+		if e.typ == 0 {
+			h = &tar.Header{Name: e.name, Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(e.body))}
+		}
+		tw.WriteHeader(h)
+		tw.Write([]byte(e.body))
+	}
+	tw.WriteHeader(&tar.Header{Name: "usr/local/lib/holes", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1, PAXRecords: map[string]string{"comment": "abcdefghijkl"}})
+	tw.Write([]byte("x"))
+	tw.Close()
+	sparseTar := bytes.Replace(sparse.Bytes(), []byte("comment=abcdefghijkl"), []byte("GNU.sparse.zz=abcdef"), 1)
 	cases := []struct {
 		name   string
 		data   []byte
@@ -160,6 +176,7 @@ func TestValidateRefusesHostileBundles(t *testing.T) {
 		{"not gzip", rawTar(goodEntries("")), "not gzip"},
 		{"truncated", good[:len(good)/2], ""},
 		{"shell in the top directory", tarball(t, goodEntries("$(reboot)/")), "top directory"},
+		{"sparse file", gz(sparseTar), "sparse"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
