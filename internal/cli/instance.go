@@ -97,7 +97,7 @@ own /24, and the libvirt domain with its packet filter. Nothing runs until
 	f.StringVar(&s.UpstreamProxyCredentials, "upstream-proxy-credentials", "", "FILE holding the parent proxy's USER:PASSWORD on one line")
 	f.StringVar(&s.Template, "template", "", "libvirt domain template FILE (replaces the hardened defaults)")
 	f.BoolVar(&s.Monitor, "monitor", false, "runtime monitor: stream the guest's Tetragon events to the host (see docs/monitor.md)")
-	f.StringVar(&s.MonitorBundle, "monitor-bundle", "", "install Tetragon in the guest from this bundle FILE (upstream's linux-tarball layout), or `release` for the pinned upstream release (downloaded over https, verified); implies --monitor")
+	f.StringVar(&s.MonitorBundle, "monitor-bundle", "", "install Tetragon in the guest from the bundle `FILE` (upstream's linux-tarball layout, checked first), or the word release for the pinned upstream release (downloaded over https, sha256-verified); implies --monitor")
 	return cmd
 }
 
