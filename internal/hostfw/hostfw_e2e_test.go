@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
 // nsRunner runs every command inside a network namespace, so the test
@@ -37,13 +39,9 @@ func (r *recorder) Run(ctx context.Context, name string, args ...string) ([]byte
 // ip6tables in a namespace made for the test, checks them, tampers with
 // them, repairs them and removes them.
 func TestE2EInNamespace(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	need.Root(t, "network namespaces and iptables")
 	for _, tool := range []string{"ip", "iptables", "ip6tables"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed", tool)
-		}
+		need.Program(t, tool)
 	}
 	ctx := context.Background()
 	ns := fmt.Sprintf("abx-fwtest-%d", os.Getpid())
@@ -180,13 +178,9 @@ func TestE2EInNamespace(t *testing.T) {
 // touch what is for the host itself, and the INPUT chain lets the proxy
 // through), and everything works again after Remove.
 func TestE2EForwardedTrafficDropped(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	need.Root(t, "network namespaces and iptables")
 	for _, tool := range []string{"ip", "iptables", "ip6tables", "python3", "bash", "timeout"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed", tool)
-		}
+		need.Program(t, tool)
 	}
 	ctx := context.Background()
 	id := os.Getpid()
@@ -273,13 +267,9 @@ func TestE2EForwardedTrafficDropped(t *testing.T) {
 // datagrams the guest sends to its proxy port and port 53; after Remove
 // port 8080 is reachable again, which shows the chain was what stopped it.
 func TestE2EHostToGuest(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	need.Root(t, "network namespaces and iptables")
 	for _, tool := range []string{"ip", "iptables", "ip6tables", "python3", "bash", "timeout", "head"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed", tool)
-		}
+		need.Program(t, tool)
 	}
 	ctx := context.Background()
 	id := os.Getpid()
@@ -404,13 +394,9 @@ func TestE2EHostToGuest(t *testing.T) {
 // other host address, nothing over IPv6. After Remove all of it works,
 // which shows the chain was what stopped it.
 func TestE2EGuestToHost(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	need.Root(t, "network namespaces and iptables")
 	for _, tool := range []string{"ip", "iptables", "ip6tables", "python3", "bash", "timeout", "head"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed", tool)
-		}
+		need.Program(t, tool)
 	}
 	ctx := context.Background()
 	id := os.Getpid()

@@ -34,9 +34,7 @@ func newLimitsLab(t *testing.T) *limitsLab {
 	t.Helper()
 	need.Root(t, "network namespaces and iptables")
 	for _, tool := range []string{"ip", "iptables", "ip6tables", "python3", "sysctl"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed", tool)
-		}
+		need.Program(t, tool)
 	}
 	id := os.Getpid()
 	l := &limitsLab{t: t, host: fmt.Sprintf("abx-fwlh-%d", id), guest: fmt.Sprintf("abx-fwlg-%d", id)}

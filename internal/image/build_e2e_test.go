@@ -7,6 +7,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
 // TestBuildDebian12 really builds (or finds cached) the Debian 12 base in
@@ -15,9 +17,7 @@ import (
 //
 //	go test -tags e2e -run TestBuildDebian12 -v -timeout 30m ./internal/image/
 func TestBuildDebian12(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	need.Root(t, "debootstrap and mke2fs -d")
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	cache := os.Getenv("ABOX_IMAGE_CACHE")
