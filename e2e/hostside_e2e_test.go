@@ -16,6 +16,7 @@ import (
 	"github.com/abox-dev/abox/internal/image"
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/paths"
+	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
 // needVM skips a VM test that cannot run here, except under CI (CI=true),
@@ -172,12 +173,13 @@ func TestHostSide(t *testing.T) {
 		spoofIP := hs.Subnet.Addr().Next().Next().Next() // .3
 		ctx, cancel := context.WithTimeout(s.ctx, 40*time.Second)
 		defer cancel()
+		need.Program(t, "tcpdump")
 		dump := s.env.NetCommand(ctx, "tcpdump", "-l", "-n", "-e", "-i", hs.Bridge, "-c", "20",
 			"ether src "+hs.MAC+" and (arp or ether proto 0x88b5 or vlan)")
 		var buf strings.Builder
 		dump.Stdout = &buf
 		if err := dump.Start(); err != nil {
-			t.Skipf("tcpdump: %v", err)
+			t.Fatalf("tcpdump: %v", err)
 		}
 		time.Sleep(2 * time.Second)
 		py := `import socket, struct

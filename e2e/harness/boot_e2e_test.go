@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/image"
+	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
 // TestBootDebian12 proves the whole chain the VM layer relies on: a private
@@ -26,9 +27,7 @@ import (
 // ABOX_E2E_KEEP=1 keeps the environment after a failure for inspection
 // (clean it later with the same test name or CleanupPrefix).
 func TestBootDebian12(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	need.Root(t, "libvirtd in a namespace")
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	logf := func(format string, args ...any) { t.Logf(format, args...) }

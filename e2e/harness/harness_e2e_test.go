@@ -4,6 +4,7 @@ package harness
 
 import (
 	"context"
+	"github.com/abox-dev/abox/internal/testutil/need"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,9 +19,7 @@ import (
 //
 //	go test -tags e2e -run TestEnvLifecycle -v ./e2e/harness/
 func TestEnvLifecycle(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	need.Root(t, "libvirtd in a namespace")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	logf := func(format string, args ...any) { t.Logf(format, args...) }

@@ -15,6 +15,7 @@ import (
 	golibvirt "github.com/digitalocean/go-libvirt"
 
 	"github.com/abox-dev/abox/e2e/harness"
+	"github.com/abox-dev/abox/internal/testutil/need"
 	"libvirt.org/go/libvirtxml"
 )
 
@@ -32,9 +33,7 @@ func TestE2ELifecycle(t *testing.T) {
 	var netns []string // prefix that runs a command where libvirtd's bridges are
 	if sock == "" {
 		// Never the host's libvirtd: a private one in a namespace of its own.
-		if os.Geteuid() != 0 {
-			t.Skip("needs root to start a private libvirtd")
-		}
+		need.Root(t, "a private libvirtd")
 		env, err := harness.Start(ctx, "libvirt-client", harness.Options{Logf: t.Logf})
 		if err != nil {
 			t.Fatal(err)
