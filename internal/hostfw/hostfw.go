@@ -241,7 +241,7 @@ func New(r Runner) *Firewall {
 // requests into the bridge use the gateway as their source. They are
 // per interface and per network namespace, so they are set with sysctl
 // through the Runner, in the namespace the chains are programmed in.
-var arpSwitches = []struct{ name, value string }{
+var arpSwitches = []ifSwitch{
 	{"arp_ignore", "1"},
 	{"arp_announce", "2"},
 }
@@ -252,43 +252,14 @@ func arpKey(bridge, name string) string { return "net/ipv4/conf/" + bridge + "/"
 
 // arpOff lists the ARP switches of bridge that are not as wanted.
 func (f *Firewall) arpOff(ctx context.Context, bridge string) ([]string, error) {
-	args := []string{"-n"}
-	for _, sw := range arpSwitches {
-		args = append(args, arpKey(bridge, sw.name))
-	}
-	out, err := f.run.Run(ctx, "sysctl", args...)
-	if err != nil {
-		return nil, fmt.Errorf("reading the ARP switches of %s: %w", bridge, err)
-	}
-	vals := strings.Fields(string(out))
-	if len(vals) != len(arpSwitches) {
-		return nil, fmt.Errorf("reading the ARP switches of %s: sysctl printed %q", bridge, out)
-	}
-	var off []string
-	for i, sw := range arpSwitches {
-		if vals[i] != sw.value {
-			off = append(off, fmt.Sprintf("net.ipv4.conf.%s.%s = %s, want %s", bridge, sw.name, vals[i], sw.value))
-		}
-	}
-	return off, nil
+	return f.switchesOff(ctx, bridge, arpSwitches)
 }
 
 // ensureARP sets the bridge's ARP switches. They live on the bridge, so
 // a bridge libvirt recreates (a network restart) needs them again: Ensure
 // is what a running instance's guard calls to repair.
 func (f *Firewall) ensureARP(ctx context.Context, bridge string) error {
-	off, err := f.arpOff(ctx, bridge)
-	if err != nil || len(off) == 0 {
-		return err
-	}
-	args := []string{"-q", "-w"}
-	for _, sw := range arpSwitches {
-		args = append(args, arpKey(bridge, sw.name)+"="+sw.value)
-	}
-	if _, err := f.run.Run(ctx, "sysctl", args...); err != nil {
-		return fmt.Errorf("setting the ARP switches of %s (arp_ignore=1, arp_announce=2): %w", bridge, err)
-	}
-	return nil
+	return f.setSwitches(ctx, bridge, arpSwitches)
 }
 
 // BridgeNetfilterDir holds net.bridge.bridge-nf-call-iptables and
@@ -557,6 +528,9 @@ func (f *Firewall) Remove(ctx context.Context, bridge string) error {
 	}
 	var errs []error
 	for _, tool := range f.tools {
+		if err := f.removeTapDrops(ctx, tool, bridge); err != nil {
+			errs = append(errs, fmt.Errorf("removing %s tap drops of %s: %w", tool, bridge, err))
+		}
 		for _, c := range specs(tool, Bridge{Name: bridge}) {
 			errs = append(errs, f.removeChain(ctx, tool, c)...)
 		}
