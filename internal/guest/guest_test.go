@@ -394,7 +394,7 @@ func TestForwardRecordsAndSupervisors(t *testing.T) {
 	exe := filepath.Join(t.TempDir(), "fake-abox")
 	os.WriteFile(exe, []byte("#!/bin/sh\nsleep 60\n"), 0o755)
 	a := Access{Layout: tg.Layout, Exe: exe}
-	f := Forward{HostPort: 18999, GuestPort: 9, Reverse: true}
+	f := Forward{HostPort: freeHostPort(t), GuestPort: 9, Reverse: true}
 	if err := a.AddForward(t.Context(), tg, f, true); err != nil {
 		t.Fatal(err)
 	}
@@ -413,7 +413,7 @@ func TestForwardRecordsAndSupervisors(t *testing.T) {
 		t.Errorf("after release: %+v, want recorded and stopped", fs)
 	}
 	// The stand-in is this test's child, reaped as soon as it exits.
-	for i := 0; i < 100 && syscall.Kill(pid, 0) == nil; i++ {
+	for i := 0; i < 500 && syscall.Kill(pid, 0) == nil; i++ {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if syscall.Kill(pid, 0) == nil {
@@ -434,4 +434,23 @@ func TestForwardRecordsAndSupervisors(t *testing.T) {
 	if err := a.RemoveForward(t.Context(), "dev", f); err == nil {
 		t.Error("removing a forward twice")
 	}
+}
+
+// freeHostPort is a loopback port nothing listens on now, on both families
+// (a fixed port collides with whatever else runs on the machine).
+func freeHostPort(t *testing.T) uint16 {
+	t.Helper()
+	for range 20 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := uint16(ln.Addr().(*net.TCPAddr).Port)
+		ln.Close()
+		if port >= 1024 && hostPortFree(port) == nil {
+			return port
+		}
+	}
+	t.Fatal("no free loopback port")
+	return 0
 }
