@@ -110,7 +110,7 @@ func TestHostSide(t *testing.T) {
 		t.Fatal(err)
 	}
 	fw := hostfw.New(nsRunner{s})
-	b := hostfw.Bridge{Name: hs.Bridge, Gateway: hs.Gateway, ProxyPort: hs.ProxyPort}
+	b := instance.FirewallBridge(hs)
 
 	t.Run("every file of a running instance is private", func(t *testing.T) {
 		bad, err := instance.CheckPrivate(layout, "hs")

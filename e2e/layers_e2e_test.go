@@ -22,7 +22,7 @@ import (
 // addresses through the proxy. The control shows the packet layers really
 // were gone (direct egress works meanwhile). Everything is put back.
 func (s *suite) filtersAlone(t *testing.T, st instance.State, fw *hostfw.Firewall) {
-	b := hostfw.Bridge{Name: st.Bridge, Gateway: st.Gateway, ProxyPort: st.ProxyPort}
+	b := instance.FirewallBridge(st)
 	sup := s.daemonPID(t, st.Name)
 	syscall.Kill(sup, syscall.SIGSTOP)
 	defer syscall.Kill(sup, syscall.SIGCONT)

@@ -20,6 +20,7 @@ import (
 	"github.com/abox-dev/abox/e2e/lab"
 	"github.com/abox-dev/abox/internal/cloudinit"
 	"github.com/abox-dev/abox/internal/hostfw"
+	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/paths"
 )
 
@@ -258,7 +259,7 @@ func TestObserve(t *testing.T) {
 		}
 		mustFailOn(t, "hostfw", "host chains present and first")
 		fw := hostfw.New(nsRunner{s})
-		if err := fw.Ensure(s.ctx, hostfw.Bridge{Name: st.Bridge, Gateway: st.Gateway, ProxyPort: st.ProxyPort}); err != nil {
+		if err := fw.Ensure(s.ctx, instance.FirewallBridge(st)); err != nil {
 			t.Fatal(err)
 		}
 		healthy(t)

@@ -446,7 +446,7 @@ func TestVM(t *testing.T) {
 		out, err := s.guest("dev", direct)
 		svcOut, svcErr := s.guest("dev", hostSvc)
 		dnsOut, _ := s.guest("dev", tcpDNS)
-		ferr := fw.Ensure(s.ctx, hostfw.Bridge{Name: dev.Bridge, Gateway: dev.Gateway, ProxyPort: dev.ProxyPort})
+		ferr := fw.Ensure(s.ctx, instance.FirewallBridge(dev))
 		syscall.Kill(sup, syscall.SIGCONT)
 		if ferr != nil {
 			t.Fatal(ferr)

@@ -228,7 +228,7 @@ func hostfwChecks(ctx context.Context, in Instance, r *Report) {
 	c := Check{Layer: "hostfw", Name: "host chains present and first", Fix: "abox restart " + st.Name + " (start re-creates the host chains; find what inserted a foreign rule)"}
 	// hostfw.Check is the one judge of the chains: their exact rules, and
 	// jumps that come before every other rule of the built-in chains.
-	fs, err := in.Firewall.Check(ctx, hostfw.Bridge{Name: st.Bridge, Gateway: st.Gateway, ProxyPort: st.ProxyPort})
+	fs, err := in.Firewall.Check(ctx, instance.FirewallBridge(st))
 	switch {
 	case err != nil:
 		c.Status, c.Detail = Fail, err.Error()

@@ -2,8 +2,8 @@
 // iptables and ip6tables: a FORWARD default-deny chain, an OUTPUT chain
 // that lets the host send into the bridge only replies and new SSH
 // connections (IPv4) or nothing (IPv6), and an INPUT chain that lets the
-// guest reach on the host only the gateway's DNS, proxy and ICMP echo, plus
-// replies (IPv4), or nothing (IPv6).
+// guest, from its own address only, reach on the host only the gateway's
+// DNS, proxy and ICMP echo, plus replies (IPv4), or nothing (IPv6).
 package hostfw
 
 import (
@@ -93,6 +93,12 @@ type Bridge struct {
 	Gateway netip.Addr
 	// ProxyPort is the TCP port of the HTTP proxy on Gateway.
 	ProxyPort uint16
+	// Guest is the guest's IPv4 address, the only source the host accepts
+	// from the bridge. The nwfilter's layer-2 rules refuse other sources
+	// too; without this a guest whose nwfilter is gone could send the
+	// host's DNS filter and proxy packets "from" a LAN host or another
+	// instance's guest, and the host would send its answers there.
+	Guest netip.Addr
 	// ConnLimit caps the connections (conntrack entries: TCP, UDP and
 	// ICMP alike) the guest may have open to the host at once; 0 means
 	// DefaultConnLimit. Everything the guest sends elsewhere is dropped
@@ -122,6 +128,9 @@ func (b Bridge) validate() error {
 	}
 	if b.ProxyPort == 0 {
 		return errors.New("proxy port 0")
+	}
+	if !b.Guest.Is4() || b.Guest.IsUnspecified() || b.Guest == b.Gateway {
+		return fmt.Errorf("guest address %q is not an IPv4 address other than the gateway", b.Guest)
 	}
 	return nil
 }
@@ -180,6 +189,11 @@ func specs(tool string, b Bridge) []chainSpec {
 		}
 		gw := b.Gateway.String() + "/32"
 		inReturns = [][]string{
+			// Only the guest's own address, before anything else: no
+			// spoofed packet makes a conntrack entry, reaches a
+			// listener or has the host answer to the address it
+			// claims (a LAN host, another instance's guest).
+			{"!", "-s", b.Guest.String() + "/32", "-j", "DROP"},
 			established,
 			// New connections beyond the guest's share of the host's
 			// conntrack table are dropped before any is allowed; a drop

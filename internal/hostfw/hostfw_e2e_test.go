@@ -55,7 +55,7 @@ func TestE2EInNamespace(t *testing.T) {
 	})
 	r := nsRunner{ns}
 	const bridge = "abx-fwtest0"
-	b := Bridge{Name: bridge, Gateway: netip.MustParseAddr("10.99.0.1"), ProxyPort: 3128}
+	b := Bridge{Name: bridge, Gateway: netip.MustParseAddr("10.99.0.1"), ProxyPort: 3128, Guest: netip.MustParseAddr("10.99.0.10")}
 	// A real bridge, so the rules refer to an interface that exists.
 	if _, err := r.Run(ctx, "ip", "link", "add", bridge, "type", "bridge"); err != nil {
 		t.Fatal(err)
@@ -118,6 +118,7 @@ func TestE2EInNamespace(t *testing.T) {
 		want = "-N ABOXI-abx-fwtest0\n-A ABOXI-abx-fwtest0 -j DROP"
 		if tool == "iptables" {
 			want = "-N ABOXI-abx-fwtest0\n" +
+				"-A ABOXI-abx-fwtest0 ! -s 10.99.0.10/32 -j DROP\n" +
 				"-A ABOXI-abx-fwtest0 -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN\n" +
 				"-A ABOXI-abx-fwtest0 -m conntrack --ctstate NEW -m connlimit --connlimit-above 4096 --connlimit-mask 0 --connlimit-saddr -j DROP\n" +
 				"-A ABOXI-abx-fwtest0 -d 10.99.0.1/32 -p udp -m udp --dport 53 -j RETURN\n" +
@@ -249,7 +250,7 @@ func TestE2EForwardedTrafficDropped(t *testing.T) {
 	}
 	check("before Ensure", true)
 	fw := New(nsRunner{host})
-	if err := fw.Ensure(ctx, Bridge{Name: bridge, Gateway: netip.MustParseAddr("10.99.1.1"), ProxyPort: 8000}); err != nil {
+	if err := fw.Ensure(ctx, Bridge{Name: bridge, Gateway: netip.MustParseAddr("10.99.1.1"), ProxyPort: 8000, Guest: netip.MustParseAddr("10.99.1.10")}); err != nil {
 		t.Fatal(err)
 	}
 	check("after Ensure", false)
@@ -369,7 +370,7 @@ func TestE2EHostToGuest(t *testing.T) {
 	}
 	check("before Ensure", true)
 	fw := New(nsRunner{host})
-	if err := fw.Ensure(ctx, Bridge{Name: bridge, Gateway: netip.MustParseAddr(hostIP), ProxyPort: 8000}); err != nil {
+	if err := fw.Ensure(ctx, Bridge{Name: bridge, Gateway: netip.MustParseAddr(hostIP), ProxyPort: 8000, Guest: netip.MustParseAddr(guestIP)}); err != nil {
 		t.Fatal(err)
 	}
 	check("after Ensure", false)
@@ -533,7 +534,7 @@ func TestE2EGuestToHost(t *testing.T) {
 	check("before Ensure", false)
 	r := nsRunner{host}
 	fw := New(r)
-	b := Bridge{Name: bridge, Gateway: netip.MustParseAddr(gw), ProxyPort: 3128}
+	b := Bridge{Name: bridge, Gateway: netip.MustParseAddr(gw), ProxyPort: 3128, Guest: netip.MustParseAddr(guestIP)}
 	if err := fw.Ensure(ctx, b); err != nil {
 		t.Fatal(err)
 	}

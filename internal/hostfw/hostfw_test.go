@@ -179,7 +179,7 @@ func builtin(chain string) bool { return chain == "FORWARD" || chain == "OUTPUT"
 const br = "abx-ef260e9aa3c"
 
 // bb is the bridge the tests ensure.
-var bb = Bridge{Name: br, Gateway: netip.MustParseAddr("10.10.7.1"), ProxyPort: 3128}
+var bb = Bridge{Name: br, Gateway: netip.MustParseAddr("10.10.7.1"), ProxyPort: 3128, Guest: netip.MustParseAddr("10.10.7.10")}
 
 // The chains as iptables -S prints them, spelled out here rather than
 // taken from specs so that a change to the rules shows up in this test.
@@ -198,6 +198,7 @@ var (
 	}
 	wantIn = map[string][]string{
 		"iptables": {
+			"-A " + inChain + " ! -s 10.10.7.10/32 -j DROP",
 			"-A " + inChain + " -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN",
 			"-A " + inChain + " -m conntrack --ctstate NEW -m connlimit --connlimit-above 4096 --connlimit-mask 0 --connlimit-saddr -j DROP",
 			"-A " + inChain + " -d 10.10.7.1/32 -p udp -m udp --dport 53 -j RETURN",
@@ -371,15 +372,21 @@ func TestEnsureRepairs(t *testing.T) {
 			f.chains["iptables"][inChain] = slices.Insert(f.chains["iptables"][inChain], 0, "-A "+inChain+" -j ACCEPT")
 		}, ""},
 		{"input: proxy rule for another port, accept after it", func(f *fakeTables) {
-			f.chains["iptables"][inChain] = []string{wantIn["iptables"][0], wantIn["iptables"][1],
+			f.chains["iptables"][inChain] = []string{wantIn["iptables"][0], wantIn["iptables"][1], wantIn["iptables"][2],
 				"-A " + inChain + " -d 10.10.7.1/32 -p tcp -m tcp --dport 8081 -m conntrack --ctstate NEW -j RETURN",
-				wantIn["iptables"][3], "-A " + inChain + " -j ACCEPT"}
+				wantIn["iptables"][4], "-A " + inChain + " -j ACCEPT"}
 		}, "repair-input-middle.cmds"},
 		{"input: dns rule for any address", func(f *fakeTables) {
-			f.chains["iptables"][inChain][1] = "-A " + inChain + " -p udp -m udp --dport 53 -j RETURN"
+			f.chains["iptables"][inChain][3] = "-A " + inChain + " -p udp -m udp --dport 53 -j RETURN"
 		}, ""},
 		{"input: drop deleted", func(f *fakeTables) {
-			f.chains["iptables"][inChain] = wantIn["iptables"][:4]
+			f.chains["iptables"][inChain] = wantIn["iptables"][:5]
+		}, ""},
+		{"input: source check deleted", func(f *fakeTables) {
+			f.chains["iptables"][inChain] = slices.Clone(wantIn["iptables"][1:])
+		}, ""},
+		{"input: source check for another address", func(f *fakeTables) {
+			f.chains["iptables"][inChain][0] = "-A " + inChain + " ! -s 10.10.7.0/24 -j DROP"
 		}, ""},
 		{"input: ipv6 accept", func(f *fakeTables) { f.chains["ip6tables"][inChain] = []string{"-A " + inChain + " -j ACCEPT"} }, ""},
 		{"input: chain flushed", func(f *fakeTables) { f.chains["iptables"][inChain] = nil }, ""},
@@ -432,7 +439,7 @@ func TestEnsureFollowsProxyPortAndGateway(t *testing.T) {
 	if err := fw.Ensure(ctx, bb); err != nil {
 		t.Fatal(err)
 	}
-	moved := Bridge{Name: br, Gateway: netip.MustParseAddr("10.10.9.1"), ProxyPort: 8888}
+	moved := Bridge{Name: br, Gateway: netip.MustParseAddr("10.10.9.1"), ProxyPort: 8888, Guest: netip.MustParseAddr("10.10.9.10")}
 	st, err := fw.Check(ctx, moved)
 	if err != nil || len(st.Problems) != 1 || !strings.HasPrefix(st.Problems[0], "iptables: chain "+inChain+" holds") {
 		t.Fatalf("Check for another gateway and port = %q, %v; want the input chain reported", st.Problems, err)
@@ -443,8 +450,9 @@ func TestEnsureFollowsProxyPortAndGateway(t *testing.T) {
 	}
 	tables.after = nil
 	want := []string{
-		wantIn["iptables"][0],
+		"-A " + inChain + " ! -s 10.10.9.10/32 -j DROP",
 		wantIn["iptables"][1],
+		wantIn["iptables"][2],
 		"-A " + inChain + " -d 10.10.9.1/32 -p udp -m udp --dport 53 -j RETURN",
 		"-A " + inChain + " -d 10.10.9.1/32 -p tcp -m tcp --dport 8888 -m conntrack --ctstate NEW -j RETURN",
 		"-A " + inChain + " -d 10.10.9.1/32 -p icmp -m icmp --icmp-type 8 -j RETURN",
@@ -554,13 +562,16 @@ func TestBadBridgeRefused(t *testing.T) {
 	fw := testFirewall(t, tables)
 	var bad []Bridge
 	for _, name := range []string{"", "-j ACCEPT", "abx-0123456789abcdef", "br;x"} {
-		bad = append(bad, Bridge{Name: name, Gateway: bb.Gateway, ProxyPort: bb.ProxyPort})
+		bad = append(bad, Bridge{Name: name, Gateway: bb.Gateway, ProxyPort: bb.ProxyPort, Guest: bb.Guest})
 	}
 	bad = append(bad,
-		Bridge{Name: br, ProxyPort: 3128}, // no gateway
-		Bridge{Name: br, Gateway: netip.MustParseAddr("0.0.0.0"), ProxyPort: 3128},
-		Bridge{Name: br, Gateway: netip.MustParseAddr("fd00::1"), ProxyPort: 3128},
-		Bridge{Name: br, Gateway: bb.Gateway}, // no proxy port
+		Bridge{Name: br, ProxyPort: 3128, Guest: bb.Guest}, // no gateway
+		Bridge{Name: br, Gateway: netip.MustParseAddr("0.0.0.0"), ProxyPort: 3128, Guest: bb.Guest},
+		Bridge{Name: br, Gateway: netip.MustParseAddr("fd00::1"), ProxyPort: 3128, Guest: bb.Guest},
+		Bridge{Name: br, Gateway: bb.Gateway, Guest: bb.Guest},                    // no proxy port
+		Bridge{Name: br, Gateway: bb.Gateway, ProxyPort: 3128},                    // no guest
+		Bridge{Name: br, Gateway: bb.Gateway, ProxyPort: 3128, Guest: bb.Gateway}, // guest is the gateway
+		Bridge{Name: br, Gateway: bb.Gateway, ProxyPort: 3128, Guest: netip.MustParseAddr("fd00::10")},
 	)
 	for _, b := range bad {
 		if err := fw.Ensure(context.Background(), b); err == nil {

@@ -96,7 +96,7 @@ func TestE2EARPOnlyForTheGateway(t *testing.T) {
 		t.Fatalf("control: with Linux's default ARP switches the host did not answer for %s; the test proves nothing", limOther)
 	}
 	fw := New(nsRunner{l.host})
-	if err := fw.Ensure(context.Background(), Bridge{Name: limBridge, Gateway: netip.MustParseAddr(limGW), ProxyPort: 3128}); err != nil {
+	if err := fw.Ensure(context.Background(), Bridge{Name: limBridge, Gateway: netip.MustParseAddr(limGW), ProxyPort: 3128, Guest: netip.MustParseAddr(limGuest)}); err != nil {
 		t.Fatal(err)
 	}
 	if resolves(limOther) {
@@ -135,7 +135,7 @@ func TestE2EConntrackLimit(t *testing.T) {
 		return n
 	}
 	fw := New(nsRunner{l.host})
-	b := Bridge{Name: limBridge, Gateway: netip.MustParseAddr(limGW), ProxyPort: 3128, ConnLimit: limit}
+	b := Bridge{Name: limBridge, Gateway: netip.MustParseAddr(limGW), ProxyPort: 3128, Guest: netip.MustParseAddr(limGuest), ConnLimit: limit}
 	if err := fw.Ensure(context.Background(), b); err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestE2EConntrackLimit(t *testing.T) {
 func TestE2EOtherBridgesKeepWorking(t *testing.T) {
 	l := newLimitsLab(t)
 	fw := New(nsRunner{l.host})
-	if err := fw.Ensure(context.Background(), Bridge{Name: limBridge, Gateway: netip.MustParseAddr(limGW), ProxyPort: 3128}); err != nil {
+	if err := fw.Ensure(context.Background(), Bridge{Name: limBridge, Gateway: netip.MustParseAddr(limGW), ProxyPort: 3128, Guest: netip.MustParseAddr(limGuest)}); err != nil {
 		t.Fatal(err)
 	}
 	id := os.Getpid()

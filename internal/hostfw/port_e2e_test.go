@@ -33,7 +33,7 @@ func TestE2EDetachedTapIsInert(t *testing.T) {
 	l.in(l.host, "ip", "link", "set", "dev", limBridge, "address", "52:54:00:aa:bb:fe") // as libvirt's bridges have
 	l.in(l.guest, "ip", "link", "set", "dev", "vl0", "address", guestMAC)
 	fw := New(nsRunner{l.host})
-	b := Bridge{Name: limBridge, Gateway: netip.MustParseAddr(limGW), ProxyPort: 3128}
+	b := Bridge{Name: limBridge, Gateway: netip.MustParseAddr(limGW), ProxyPort: 3128, Guest: netip.MustParseAddr(limGuest)}
 	p := Port{Bridge: limBridge, GuestMAC: guestMAC}
 	if err := fw.Ensure(ctx, b); err != nil {
 		t.Fatal(err)

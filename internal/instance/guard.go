@@ -88,7 +88,7 @@ func (g Guard) Once(ctx context.Context) error {
 			return logErr // no guest to guard
 		}
 	}
-	b := firewallBridge(st)
+	b := FirewallBridge(st)
 	status, err := g.Firewall.Check(ctx, b)
 	if err == nil && status.Intact() {
 		return logErr

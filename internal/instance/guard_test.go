@@ -144,7 +144,7 @@ func TestHookRefusesWithoutTheLayers(t *testing.T) {
 	if err := run(); err == nil || !strings.Contains(err.Error(), "chain") || !strings.Contains(err.Error(), "filter daemon") {
 		t.Errorf("hook with nothing up = %v, want both the chains and the daemon named", err)
 	}
-	r.fw.Ensure(ctx, firewallBridge(st))
+	r.fw.Ensure(ctx, FirewallBridge(st))
 	if err := run(); err == nil || !strings.Contains(err.Error(), "filter daemon does not answer") {
 		t.Errorf("hook without the daemon = %v, want refused", err)
 	}
@@ -153,7 +153,7 @@ func TestHookRefusesWithoutTheLayers(t *testing.T) {
 	if err := run(); err == nil || !strings.Contains(err.Error(), "chain") {
 		t.Errorf("hook without the chains = %v, want refused", err)
 	}
-	r.fw.Ensure(ctx, firewallBridge(st))
+	r.fw.Ensure(ctx, FirewallBridge(st))
 	if err := run(); err != nil {
 		t.Fatalf("hook with everything up = %v, want allowed", err)
 	}

@@ -163,7 +163,7 @@ func (h HookChecker) RunHook(ctx context.Context, domainXML io.Reader) error {
 		return fmt.Errorf("abox hook: refusing to start %s: %w", name, err)
 	}
 	var problems []string
-	fw, err := h.Firewall.Check(ctx, firewallBridge(st))
+	fw, err := h.Firewall.Check(ctx, FirewallBridge(st))
 	if err != nil {
 		problems = append(problems, err.Error())
 	}

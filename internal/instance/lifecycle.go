@@ -87,7 +87,7 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 		// The guest runs but its filters died and stayed down (the guest is
 		// cut off meanwhile): bring the layers back without touching it.
 		m.progress("starting %s: the guest is running without its filters; restarting them", name)
-		if err := m.Firewall.Ensure(ctx, firewallBridge(st)); err != nil {
+		if err := m.Firewall.Ensure(ctx, FirewallBridge(st)); err != nil {
 			return fmt.Errorf("starting %s: host firewall: %w", name, err)
 		}
 		if err := m.Daemon.Start(ctx, st); err != nil {
@@ -110,7 +110,7 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 		return err
 	}
 	undo.push("stop network", func(ctx context.Context) error { return m.Hypervisor.DestroyNetwork(ctx, libvirt.NetworkName(name)) })
-	if err := m.Firewall.Ensure(ctx, firewallBridge(st)); err != nil {
+	if err := m.Firewall.Ensure(ctx, FirewallBridge(st)); err != nil {
 		return fmt.Errorf("starting %s: host firewall: %w", name, err)
 	}
 	m.progress("starting %s: filters on %s (dns :53, proxy :%d)", name, st.Gateway, st.ProxyPort)

@@ -41,11 +41,12 @@ type Firewall interface {
 	Remove(ctx context.Context, bridge string) error
 }
 
-// firewallBridge is what the host firewall of st's bridge depends on: the
-// guest may reach the gateway's DNS filter and proxy and nothing else on
-// the host.
-func firewallBridge(st State) hostfw.Bridge {
-	return hostfw.Bridge{Name: st.Bridge, Gateway: st.Gateway, ProxyPort: st.ProxyPort}
+// FirewallBridge is what the host firewall of st's bridge depends on: the
+// guest, from its own address only, may reach the gateway's DNS filter and
+// proxy and nothing else on the host. Every caller of hostfw (start, the
+// guard, the libvirt hook, doctor) takes it from here.
+func FirewallBridge(st State) hostfw.Bridge {
+	return hostfw.Bridge{Name: st.Bridge, Gateway: st.Gateway, ProxyPort: st.ProxyPort, Guest: st.GuestIP}
 }
 
 // Runner runs host programs (qemu-img, genisoimage, ip).

@@ -79,7 +79,7 @@ func TestRemoveForceCleansDamaged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.fw.Ensure(ctx, firewallBridge(st))
+	r.fw.Ensure(ctx, FirewallBridge(st))
 	f := r.m.Layout.Instance("dev")
 	if err := os.WriteFile(f.State, []byte(`{"name": "dev", "bridge": "eth0 -j ACCEPT"}`), 0o600); err != nil {
 		t.Fatal(err)
