@@ -149,8 +149,11 @@ func TestWriterBackpressure(t *testing.T) {
 	if st.Dropped == 0 || st.Waits == 0 {
 		t.Fatalf("stats %+v with a stuck sink, want waits and drops", st)
 	}
-	if el < maxWait || el > 10*maxWait {
-		t.Errorf("%d lines took %s with a stuck sink, want about one MaxWait (%s)", total, el, maxWait)
+	// One wait, not one per line: counted rather than timed, so a loaded
+	// machine cannot fail it. The flusher may take the first batch only
+	// after the queue filled once, which costs a second wait.
+	if el < maxWait || st.Waits > 2 {
+		t.Errorf("%d lines took %s and %d waits with a stuck sink, want one MaxWait (%s), at most 2 waits", total, el, st.Waits, maxWait)
 	}
 	if st.Lines+st.Dropped != total {
 		t.Errorf("lines %d + dropped %d != %d emitted", st.Lines, st.Dropped, total)

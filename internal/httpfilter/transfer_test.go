@@ -200,10 +200,14 @@ func (s *slowBody) Read(p []byte) (int, error) {
 // when the request, body included, has been sent: an upload that takes
 // longer than it still gets its answer.
 func TestSlowUploadOutlivesHeaderTimeout(t *testing.T) {
-	h := newHarness(t, hopts{allow: []string{"origin.test"}, respHeader: 300 * time.Millisecond})
+	// The upload lasts more than twice the timeout; the timeout itself is
+	// the origin's margin to answer once the body is in, wide enough for a
+	// loaded machine (300 ms was not).
+	const respHeader = 1500 * time.Millisecond
+	h := newHarness(t, hopts{allow: []string{"origin.test"}, respHeader: respHeader})
 	o := newHTTPOrigin(t, transferMux())
 	h.allowOrigin("origin.test", o, port(t, o))
-	req, _ := http.NewRequest("POST", "http://origin.test:"+port(t, o)+"/upload", io.NopCloser(&slowBody{n: 10, gap: 100 * time.Millisecond}))
+	req, _ := http.NewRequest("POST", "http://origin.test:"+port(t, o)+"/upload", io.NopCloser(&slowBody{n: 10, gap: respHeader / 4}))
 	resp, err := h.client(false).Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -211,6 +215,6 @@ func TestSlowUploadOutlivesHeaderTimeout(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.HasPrefix(string(b), "10240 ") {
-		t.Errorf("a 1 s upload with a 300 ms header timeout: %d %q, want 200 and 10240 bytes received", resp.StatusCode, b)
+		t.Errorf("a %s upload with a %s header timeout: %d %q, want 200 and 10240 bytes received", 10*respHeader/4, respHeader, resp.StatusCode, b)
 	}
 }

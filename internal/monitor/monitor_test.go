@@ -212,10 +212,18 @@ func TestRunReconnectsAndWritesStatus(t *testing.T) {
 	for m.Status().Events < 2 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	time.Sleep(1200 * time.Millisecond) // one status tick
-	st, err := ReadStatus(statusPath)
-	if err != nil {
-		t.Fatal(err)
+	// The status file is written on a one-second tick: wait for a tick
+	// that carries both events, with room for a loaded machine.
+	var st Status
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var err error
+		st, err = ReadStatus(statusPath)
+		if err == nil && st.Events >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status file after 10s: %+v, %v", st, err)
+		}
 	}
 	if st.Events != 2 || st.Agent != "emitter" || !st.AgentUp || st.LastHeartbeat.IsZero() || st.Instance != "obs" {
 		t.Errorf("status = %+v", st)

@@ -174,17 +174,19 @@ func TestProfileBounded(t *testing.T) {
 	}
 }
 
-// waitFor polls cond for up to one second: the reload promise.
+// waitFor polls cond until it holds. The deadline is far beyond the
+// debounce so a loaded machine's scheduling stalls do not fail the test;
+// a reload that never happens still does.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		if cond() {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("not within 1s: %s", what)
+	t.Fatalf("not within 10s: %s", what)
 }
 
 func TestWatch(t *testing.T) {
@@ -194,7 +196,15 @@ func TestWatch(t *testing.T) {
 	wg.Add(1)
 	go func() { defer wg.Done(); e.Watch(ctx) }()
 	defer func() { cancel(); wg.Wait() }()
-	time.Sleep(100 * time.Millisecond) // let the watcher register
+	// Watch has no readiness signal: rewrite the file (same content) until a
+	// reload shows the watch is live, so the edits below cannot be missed.
+	// Writes are spaced beyond the debounce, which each event restarts.
+	for deadline := time.Now().Add(10 * time.Second); e.Status().Reloads == 0; time.Sleep(4 * watchDebounce) {
+		if time.Now().After(deadline) {
+			t.Fatal("allowlist watch did not start within 10s")
+		}
+		os.WriteFile(e.Path(), []byte("one.example.com\n"), 0o644)
+	}
 
 	allowed := func(n string) func() bool {
 		return func() bool { return e.Decide(n).Verdict == allowlist.Allow }
