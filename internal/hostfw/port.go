@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/abox-dev/abox/internal/validate"
@@ -167,16 +168,24 @@ func (f *Firewall) EnsurePort(ctx context.Context, p Port) error {
 
 // removeStaleTapDrops deletes the drop jumps into the bridge's FORWARD
 // chain for interfaces other than the bridge and keep (taps of the
-// guest's earlier runs), and duplicates of keep's below the first.
+// guest's earlier runs), and the copies of keep's below its first. They
+// go by rule number, from the bottom up: deleting by specification would
+// take the first copy, the one to keep.
 func (f *Firewall) removeStaleTapDrops(ctx context.Context, tool, bridge, keep string) error {
 	for _, builtin := range []string{"INPUT", "FORWARD"} {
 		rules, _, err := f.chainRules(ctx, tool, builtin)
 		if err != nil {
 			return err
 		}
-		seen := false
-		var stale []string
+		var rs []string
 		for _, r := range rules {
+			if !strings.HasPrefix(r, "-P ") {
+				rs = append(rs, r)
+			}
+		}
+		seen := false
+		var stale []int // rule numbers, ascending
+		for i, r := range rs {
 			w := strings.Fields(r)
 			if len(w) != 6 || w[2] != "-i" || w[4] != "-j" || w[5] != ChainName(bridge) || w[3] == bridge {
 				continue
@@ -185,11 +194,11 @@ func (f *Firewall) removeStaleTapDrops(ctx context.Context, tool, bridge, keep s
 				seen = true
 				continue
 			}
-			stale = append(stale, r)
+			stale = append(stale, i+1)
 		}
-		for _, r := range stale {
-			if err := f.ipt(ctx, tool, append([]string{"-D"}, strings.Fields(r)[1:]...)...); err != nil {
-				return fmt.Errorf("removing %s rule %q: %w", tool, r, err)
+		for i := len(stale) - 1; i >= 0; i-- {
+			if err := f.ipt(ctx, tool, "-D", builtin, strconv.Itoa(stale[i])); err != nil {
+				return fmt.Errorf("removing %s rule %q: %w", tool, rs[stale[i]-1], err)
 			}
 		}
 	}

@@ -118,3 +118,45 @@ func TestE2EDetachedTapIsInert(t *testing.T) {
 		t.Errorf("Remove left rules:\n%s", out)
 	}
 }
+
+// TestE2ETapDropRepairedBelowAForeignRule: a rule someone inserts above
+// abox's jumps pushes the tap's drops out of the top block; one repair
+// (what the guard's round does) puts them back on top and leaves exactly
+// one copy of each. (Deleting the extra copy by specification took the
+// top one instead, so the repair never converged and the guard took the
+// guest's link down.)
+func TestE2ETapDropRepairedBelowAForeignRule(t *testing.T) {
+	l := newLimitsLab(t)
+	ctx := context.Background()
+	const guestMAC = "52:54:00:aa:bb:02"
+	tapMAC, _ := TapMAC(guestMAC)
+	l.in(l.host, "ip", "link", "set", "dev", "vl1", "address", tapMAC)
+	l.in(l.host, "ip", "link", "set", "dev", limBridge, "address", "52:54:00:aa:bb:fe")
+	fw := New(nsRunner{l.host})
+	b := Bridge{Name: limBridge, Gateway: netip.MustParseAddr(limGW), ProxyPort: 3128}
+	p := Port{Bridge: limBridge, GuestMAC: guestMAC}
+	repair := func() {
+		t.Helper()
+		if err := fw.Ensure(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		if err := fw.EnsurePort(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	repair()
+	for _, builtin := range []string{"FORWARD", "INPUT"} {
+		l.in(l.host, "iptables", "-t", Table, "-I", builtin, "1", "-i", limBridge, "-j", "ACCEPT")
+		if st, err := fw.CheckPort(ctx, p); err != nil || st.Intact() {
+			t.Fatalf("CheckPort with an ACCEPT above the %s drop = %v %q, want it named", builtin, err, st.Problems)
+		}
+		repair()
+		if st, err := fw.CheckPort(ctx, p); err != nil || !st.Intact() {
+			t.Errorf("after one repair with an ACCEPT in %s: %v %q\n%s", builtin, err, st.Problems, l.in(l.host, "iptables", "-t", Table, "-S", builtin))
+		}
+		if out := l.in(l.host, "iptables", "-t", Table, "-S", builtin); strings.Count(out, "-i vl1 -j "+ChainName(limBridge)) != 1 {
+			t.Errorf("%s holds the drop %d times, want once:\n%s", builtin, strings.Count(out, "-i vl1 -j "+ChainName(limBridge)), out)
+		}
+		l.in(l.host, "iptables", "-t", Table, "-D", builtin, "-i", limBridge, "-j", "ACCEPT")
+	}
+}
