@@ -133,7 +133,7 @@ func TestE2ETapDropRepairedBelowAForeignRule(t *testing.T) {
 	l.in(l.host, "ip", "link", "set", "dev", "vl1", "address", tapMAC)
 	l.in(l.host, "ip", "link", "set", "dev", limBridge, "address", "52:54:00:aa:bb:fe")
 	fw := New(nsRunner{l.host})
-	b := Bridge{Name: limBridge, Gateway: netip.MustParseAddr(limGW), ProxyPort: 3128}
+	b := Bridge{Name: limBridge, Gateway: netip.MustParseAddr(limGW), ProxyPort: 3128, Guest: netip.MustParseAddr(limGuest)}
 	p := Port{Bridge: limBridge, GuestMAC: guestMAC}
 	repair := func() {
 		t.Helper()
