@@ -111,7 +111,7 @@ func TestSpliceIdleStillCloses(t *testing.T) {
 	go io.Copy(io.Discard, guest)
 	select {
 	case <-done:
-	case <-time.After(10 * idle):
+	case <-time.After(100 * idle): // far beyond the timeout, for a loaded machine
 		t.Fatal("idle tunnel still open")
 	}
 }

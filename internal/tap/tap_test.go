@@ -93,7 +93,13 @@ func TestRunWritesPcap(t *testing.T) {
 		c.Read(buf)
 		c.Close()
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Packets reach the file as they arrive (-U): wait for the payload
+	// rather than a fixed time, which a loaded machine can outlast.
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if data, _ := os.ReadFile(pcap); bytes.Contains(data, []byte("marker-in-the-capture")) || time.Now().After(deadline) {
+			break
+		}
+	}
 	stop()
 	if err := <-errc; err != nil {
 		t.Fatalf("Run: %v", err)
