@@ -76,7 +76,12 @@ func serve(ctx context.Context, o Options) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Serve(gctx, ln) })
 	g.Go(func() error { return o.Policy.Watch(gctx) })
-	g.Go(func() error { return reloadOnHangup(gctx, o.Policy, log) })
+	// SIGHUP is caught before Ready: a hangup sent once the daemon says it
+	// is ready reloads, and never meets the default action (exit).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	g.Go(func() error { return reloadOnHangup(gctx, hup, o.Policy, log) })
 	for _, s := range o.Services {
 		g.Go(func() error {
 			if err := s.Serve(gctx); err != nil {
@@ -92,10 +97,7 @@ func serve(ctx context.Context, o Options) error {
 	return g.Wait()
 }
 
-func reloadOnHangup(ctx context.Context, p *policy.Engine, log *slog.Logger) error {
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, syscall.SIGHUP)
-	defer signal.Stop(ch)
+func reloadOnHangup(ctx context.Context, ch <-chan os.Signal, p *policy.Engine, log *slog.Logger) error {
 	for {
 		select {
 		case <-ctx.Done():

@@ -63,7 +63,7 @@ func TestRunServesAPIAndReloadsOnHangup(t *testing.T) {
 	// cause this reload.
 	before := eng.Status().Reloads
 	syscall.Kill(os.Getpid(), syscall.SIGHUP)
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for eng.Status().Reloads == before {
 		if time.Now().After(deadline) {
 			t.Fatal("SIGHUP did not reload the allowlist")
@@ -95,5 +95,31 @@ func TestServiceFailureStopsEverything(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run kept going after a filter failed")
+	}
+}
+
+// A hangup sent the moment the daemon says it is ready (a supervisor
+// reloading right after start) reloads the allowlist; before SIGHUP was
+// caught ahead of Ready it could meet the default action and end the
+// process.
+func TestHangupAtReadyReloads(t *testing.T) {
+	eng, sock := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	before := eng.Status().Reloads
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, Options{Instance: "t", Policy: eng, Services: []Service{svc{name: "dns"}}, APISocket: sock,
+			Ready: func() { syscall.Kill(os.Getpid(), syscall.SIGHUP) }})
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for eng.Status().Reloads == before {
+		if time.Now().After(deadline) {
+			t.Fatal("a SIGHUP at Ready did not reload the allowlist")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run after cancel = %v", err)
 	}
 }
