@@ -339,10 +339,10 @@ func rcode(r *dns.Msg) string { return dns.RcodeToString[r.Rcode] }
 // readiness signal, so rewrite the file (same content) until a reload shows.
 func waitWatching(t *testing.T, pol *policy.Engine, path, content string) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for pol.Status().Reloads == 0 {
 		if time.Now().After(deadline) {
-			t.Fatal("allowlist watch did not start within 3s")
+			t.Fatal("allowlist watch did not start within 10s")
 		}
 		if err := os.WriteFile(path+".tmp", []byte(content), 0o644); err != nil {
 			t.Fatal(err)

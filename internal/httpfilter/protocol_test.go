@@ -143,13 +143,12 @@ func TestSNI(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool, what string) {
 	t.Helper()
-	for i := 0; i < 200; i++ {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if cond() {
 			return
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
-	t.Errorf("timed out waiting for %s", what)
+	t.Errorf("10s waiting for %s", what)
 }
 
 // connect opens a CONNECT tunnel and returns the connection after the 200.
