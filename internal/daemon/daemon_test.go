@@ -63,13 +63,7 @@ func TestRunServesAPIAndReloadsOnHangup(t *testing.T) {
 	// cause this reload.
 	before := eng.Status().Reloads
 	syscall.Kill(os.Getpid(), syscall.SIGHUP)
-	deadline := time.Now().Add(10 * time.Second)
-	for eng.Status().Reloads == before {
-		if time.Now().After(deadline) {
-			t.Fatal("SIGHUP did not reload the allowlist")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitReload(t, eng, before, "SIGHUP")
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run after cancel = %v", err)
@@ -111,15 +105,19 @@ func TestHangupAtReadyReloads(t *testing.T) {
 		done <- serve(ctx, Options{Instance: "t", Policy: eng, Services: []Service{svc{name: "dns"}}, APISocket: sock,
 			Ready: func() { syscall.Kill(os.Getpid(), syscall.SIGHUP) }})
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for eng.Status().Reloads == before {
-		if time.Now().After(deadline) {
-			t.Fatal("a SIGHUP at Ready did not reload the allowlist")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitReload(t, eng, before, "a SIGHUP at Ready")
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run after cancel = %v", err)
+	}
+}
+
+// waitReload waits for a reload after before, with room for a loaded machine.
+func waitReload(t *testing.T, eng *policy.Engine, before uint64, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); eng.Status().Reloads == before; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not reload the allowlist", what)
+		}
 	}
 }
