@@ -58,9 +58,14 @@ func BuildNetwork(p Params) (*libvirtxml.Network, error) {
 		Name:     NetworkName(p.Name),
 		UUID:     derivedUUID("network", p.UUID),
 		Metadata: &libvirtxml.NetworkMetadata{XML: meta},
-		// STP on, forwarding delay 0: a one-port bridge cannot loop, and
-		// a delay would hold the guest's first packets for seconds.
-		Bridge: &libvirtxml.NetworkBridge{Name: p.Bridge, STP: "on", Delay: "0"},
+		// STP off: a one-port bridge cannot loop, and with the kernel's
+		// STP on the bridge hands every BPDU from the guest to its STP
+		// code before ebtables sees the frame, so the nwfilter's layer-2
+		// drop cannot stop a guest from claiming root, sending topology
+		// changes or feeding the host's STP parser. With STP off a BPDU
+		// is an ordinary frame and the nwfilter drops it. Delay 0: no
+		// forwarding delay for the guest's first packets.
+		Bridge: &libvirtxml.NetworkBridge{Name: p.Bridge, STP: "off", Delay: "0"},
 		DNS:    &libvirtxml.NetworkDNS{Enable: "no"},
 		IPs: []libvirtxml.NetworkIP{{
 			Address: p.Gateway.String(),
