@@ -110,7 +110,7 @@ func TestNWFilterPolicy(t *testing.T) {
 		{"accept", "in", "tcp dport=22 state=NEW"},
 		{"accept", "out", "udp dst=10.10.5.1 dport=53 state=NEW"},
 		{"accept", "out", "tcp dst=10.10.5.1 dport=8080 state=NEW"},
-		{"accept", "out", "icmp dst=10.10.5.1 state=NEW"},
+		{"accept", "out", "icmp dst=10.10.5.1 state=NEW type=8"},
 		{"drop", "in", "all-ipv6"},
 		{"drop", "out", "all-ipv6"},
 		{"drop", "in", "all"},
@@ -173,6 +173,7 @@ func describe(r *libvirtxml.NWFilterRule) string {
 	case r.ICMP != nil:
 		add("dst", r.ICMP.DstIPAddr)
 		add("state", r.ICMP.State)
+		add("type", r.ICMP.Type)
 		return strings.Join(append([]string{"icmp"}, parts...), " ")
 	case r.MAC == nil && r.ARP == nil && r.RARP == nil && r.VLAN == nil && r.STP == nil:
 		return "any frame"

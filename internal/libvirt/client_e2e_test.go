@@ -163,10 +163,15 @@ func TestE2ELifecycle(t *testing.T) {
 		}
 	}
 	ipt := inNS("iptables", "-S")
-	for _, want := range []string{"--dport 8080", "--dport 53", "-j DROP"} {
+	for _, want := range []string{"--dport 8080", "--dport 53", "--icmp-type 8", "-j DROP"} {
 		if !strings.Contains(ipt, want) {
 			t.Errorf("iptables lacks %q:\n%s", want, ipt)
 		}
+	}
+	// libvirt made the bridge without the kernel's STP, which would take
+	// the guest's BPDUs before ebtables (TestE2EBridgeIgnoresGuestBPDUs).
+	if got := strings.TrimSpace(inNS("cat", "/sys/class/net/"+p.Bridge+"/bridge/stp_state")); got != "0" {
+		t.Errorf("bridge %s stp_state = %s, want 0", p.Bridge, got)
 	}
 	ip6 := inNS("ip6tables", "-S")
 	if !strings.Contains(ip6, port) {

@@ -96,7 +96,8 @@ func BuildNWFilter(p Params) (*libvirtxml.NWFilter, error) {
 		}},
 
 		// Every other frame (spoofed IPv4 or ARP, VLAN tags, STP BPDUs
-		// against the bridge, raw ethertypes) is dropped. A rule without
+		// against the bridge, which has STP off so that BPDUs get here,
+		// raw ethertypes) is dropped. A rule without
 		// a protocol matches every frame at layer 2.
 		{Action: "drop", Direction: "out", Priority: prioL2DropOtherOut},
 		{Action: "drop", Direction: "in", Priority: prioL2DropOtherIn},
@@ -123,8 +124,12 @@ func BuildNWFilter(p Params) (*libvirtxml.NWFilter, error) {
 			NWFilterRuleCommonIP:   libvirtxml.NWFilterRuleCommonIP{DstIPAddr: gw, State: newConn},
 			NWFilterRuleCommonPort: libvirtxml.NWFilterRuleCommonPort{DstPortStart: field(strconv.Itoa(int(p.ProxyPort)))},
 		}},
+		// Echo requests only (as the host's input chain): of the other
+		// ICMP requests conntrack calls NEW, the host would answer a
+		// timestamp request with its clock.
 		{Action: "accept", Direction: "out", Priority: prioICMPOut, ICMP: &libvirtxml.NWFilterRuleICMP{
 			NWFilterRuleCommonIP: libvirtxml.NWFilterRuleCommonIP{DstIPAddr: gw, State: newConn},
+			Type:                 field("8"),
 		}},
 		// IPv6 again at layer 3 (ip6tables): if the layer-2 drop were ever
 		// lost, IPv6 would otherwise pass, as <all/> does not cover it.
