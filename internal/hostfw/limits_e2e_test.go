@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/testutil/need"
+	"github.com/abox-dev/abox/internal/testutil/syncbuf"
 )
 
 // limitsLab is a host namespace with a bridge (the gateway on it, another
@@ -61,6 +62,26 @@ func (l *limitsLab) sh(args ...string) string {
 		l.t.Fatalf("%v: %v: %s", args, err, out)
 	}
 	return string(out)
+}
+
+// udpListener runs a UDP listener on addr:port in the host namespace that
+// prints each datagram's source and payload ("SRC PAYLOAD"), and waits
+// until it is bound.
+func (l *limitsLab) udpListener(addr string, port int) *syncbuf.Buffer {
+	l.t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", l.host, "python3", "-u", "-c",
+		"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.bind(('"+addr+"', "+strconv.Itoa(port)+"))\nprint('listening')\n"+
+			"while True:\n    d, a = s.recvfrom(512)\n    print(a[0], d.decode())\n")
+	out := &syncbuf.Buffer{}
+	cmd.Stdout = out
+	if err := cmd.Start(); err != nil {
+		l.t.Fatal(err)
+	}
+	l.t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	for i := 0; i < 50 && !strings.Contains(out.String(), "listening"); i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+	return out
 }
 
 func (l *limitsLab) in(ns string, args ...string) string {

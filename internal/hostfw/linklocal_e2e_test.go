@@ -5,13 +5,11 @@ package hostfw
 import (
 	"context"
 	"net/netip"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/abox-dev/abox/internal/testutil/need"
-	"github.com/abox-dev/abox/internal/testutil/syncbuf"
 )
 
 // linkLocalSender sends three IPv4/UDP datagrams from argv[3] to
@@ -64,18 +62,7 @@ func TestE2ELinkLocalGroupMACsNeedThePortDrops(t *testing.T) {
 	if err := fw.Ensure(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	listen := exec.Command("ip", "netns", "exec", l.host, "python3", "-u", "-c",
-		"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.bind(('0.0.0.0', 9999))\nprint('listening')\n"+
-			"while True:\n    d, a = s.recvfrom(512)\n    print(d.decode())\n")
-	var heard syncbuf.Buffer
-	listen.Stdout = &heard
-	if err := listen.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { listen.Process.Kill(); listen.Wait() })
-	for i := 0; i < 50 && !strings.Contains(heard.String(), "listening"); i++ {
-		time.Sleep(100 * time.Millisecond)
-	}
+	heard := l.udpListener("0.0.0.0", 9999)
 	macs := []string{"01:80:c2:00:00:02", "01:80:c2:00:00:03", "01:80:c2:00:00:0e"}
 	reached := func(tag string) []string {
 		for _, m := range macs {

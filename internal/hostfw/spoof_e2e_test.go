@@ -5,12 +5,9 @@ package hostfw
 import (
 	"context"
 	"net/netip"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/abox-dev/abox/internal/testutil/syncbuf"
 )
 
 // TestE2ESpoofedSourceDropped: a guest without its nwfilter (whose
@@ -34,16 +31,7 @@ func TestE2ESpoofedSourceDropped(t *testing.T) {
 	l.in(l.guest, "ip", "addr", "add", lanHost+"/32", "dev", "vl0")
 
 	// A UDP listener on the gateway's DNS port that prints every source.
-	srv := exec.Command("ip", "netns", "exec", l.host, "python3", "-u", "-c",
-		"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.bind(('"+limGW+"', 53))\n"+
-			"while True:\n    d, a = s.recvfrom(512)\n    print(a[0], d.decode(), flush=True)\n    s.sendto(d, a)\n")
-	var out syncbuf.Buffer
-	srv.Stdout = &out
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	time.Sleep(300 * time.Millisecond)
+	out := l.udpListener(limGW, 53)
 	send := func(from, tag string) {
 		l.in(l.guest, "python3", "-c", "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"+
 			"s.bind(('"+from+"', 0))\nfor i in range(3):\n    s.sendto(b'"+tag+"', ('"+limGW+"', 53))\n")
