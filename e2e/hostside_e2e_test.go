@@ -277,6 +277,7 @@ s.send(arp(1, '` + hs.GuestIP.String() + `', gw))
 			t.Fatal(err)
 		}
 		if err := s.waitSSH("hs", 2*time.Minute); err != nil {
+			s.logNetState(t, hs)
 			t.Fatalf("guest unreachable after a libvirtd restart: %v", err)
 		}
 		if err := poll(s.ctx, 30*time.Second, func() bool {
@@ -289,6 +290,10 @@ s.send(arp(1, '` + hs.GuestIP.String() + `', gw))
 		if out, err := s.guest("hs", "curl -sS -m 6 --noproxy '*' http://"+hs.Gateway.String()+":8081/"); err == nil || strings.Contains(out, "HOST SERVICE") {
 			t.Errorf("after a libvirtd restart the guest reached a host service: %q", out)
 		}
+	})
+
+	t.Run("a libvirt network restart under a running guest", func(t *testing.T) {
+		s.networkRestart(t, hs, fw, nic)
 	})
 
 	t.Run("a guest started outside abox without its layers is refused", func(t *testing.T) {

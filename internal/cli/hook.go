@@ -31,11 +31,12 @@ func newLibvirtHookCmd(e *env) *cobra.Command {
 	}
 }
 
-// runGuard runs the instance's host-side guard (chains, ARP switches,
-// serial log) until ctx ends; it is part of the supervisor.
+// runGuard runs the instance's host-side guard (chains, ARP switches, the
+// guest's tap on its bridge, serial log) until ctx ends; it is part of the supervisor.
 func runGuard(ctx context.Context, e *env, l paths.Layout, name string) {
 	log := slog.New(slog.NewJSONHandler(e.stderr, nil))
-	g := instance.Guard{Layout: l, Name: name, Firewall: hostfw.New(hostfw.ExecRunner{}), Log: log}
+	fw := hostfw.New(hostfw.ExecRunner{})
+	g := instance.Guard{Layout: l, Name: name, Firewall: fw, Ports: fw, Log: log}
 	if hv, err := libvirt.Dial(ctx, libvirtSocket()); err != nil {
 		log.Error("guard: libvirtd out of reach; a host firewall that cannot be repaired will not take the guest's link down", "instance", name, "error", err.Error())
 	} else {

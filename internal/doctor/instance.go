@@ -33,9 +33,11 @@ type Hypervisor interface {
 	NWFilter(ctx context.Context, name string) (*libvirtxml.NWFilter, error)
 }
 
-// Firewall checks the host chains of a bridge.
+// Firewall checks the host chains of a bridge, and the guest's tap on it
+// (hostfw.Port).
 type Firewall interface {
 	Check(ctx context.Context, b hostfw.Bridge) (hostfw.Status, error)
+	CheckPort(ctx context.Context, p hostfw.Port) (hostfw.Status, error)
 }
 
 // Filters is the instance's local API.
@@ -239,6 +241,18 @@ func hostfwChecks(ctx context.Context, in Instance, r *Report) {
 		c.Detail = strings.Join([]string{hostfw.ChainName(st.Bridge), hostfw.InputChainName(st.Bridge), hostfw.OutputChainName(st.Bridge)}, ", ") + " intact, jumped to first"
 	}
 	r.add(c)
+	p := Check{Layer: "hostfw", Name: "guest's tap on its bridge", Fix: "abox restart " + st.Name + " (the guard puts the tap back within its round: if it did not, the supervisor is down; see " + in.Files.DaemonLog + ")"}
+	ps, err := in.Firewall.CheckPort(ctx, hostfw.Port{Bridge: st.Bridge, GuestMAC: st.MAC})
+	switch {
+	case err != nil:
+		p.Status, p.Detail = Fail, err.Error()
+	case !ps.Intact():
+		p.Status, p.Detail = Fail, strings.Join(ps.Problems, "; ")
+	default:
+		p.Status, p.Fix = Pass, ""
+		p.Detail = "a port of " + st.Bridge + ", dropped at the IP layer outside it"
+	}
+	r.add(p)
 }
 
 // daemonChecks checks the API, the mode, the allowlist and that the DNS

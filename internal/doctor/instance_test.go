@@ -47,10 +47,14 @@ func (f *fakeHV) NWFilter(context.Context, string) (*libvirtxml.NWFilter, error)
 	return f.filter, nil
 }
 
-type fakeFW struct{ problems []string }
+type fakeFW struct{ problems, portProblems []string }
 
 func (f *fakeFW) Check(_ context.Context, b hostfw.Bridge) (hostfw.Status, error) {
 	return hostfw.Status{Bridge: b.Name, Problems: f.problems}, nil
+}
+
+func (f *fakeFW) CheckPort(_ context.Context, p hostfw.Port) (hostfw.Status, error) {
+	return hostfw.Status{Bridge: p.Bridge, Problems: f.portProblems}, nil
 }
 
 type fakeFilters struct {
@@ -158,6 +162,9 @@ func TestDoctorNamesEachBrokenLayer(t *testing.T) {
 		{"foreign rule first", func(_ *fakeHV, fw *fakeFW, _ *fakeFilters) {
 			fw.problems = []string{"iptables: INPUT jump for traffic from " + bridge + " to the host is not first in INPUT (another rule comes before it)"}
 		}, []string{"hostfw/host chains present and first"}},
+		{"tap out of its bridge", func(_ *fakeHV, fw *fakeFW, _ *fakeFilters) {
+			fw.portProblems = []string{"tap vnet0 is not a port of " + bridge}
+		}, []string{"hostfw/guest's tap on its bridge"}},
 		{"daemon down", func(_ *fakeHV, _ *fakeFW, fl *fakeFilters) { fl.err = api.ErrNotRunning },
 			[]string{"daemon/api answering"}},
 		{"domain off", func(hv *fakeHV, _ *fakeFW, _ *fakeFilters) { hv.state = libvirt.StateShutoff },

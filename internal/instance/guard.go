@@ -29,6 +29,13 @@ type Guard struct {
 		Check(ctx context.Context, b hostfw.Bridge) (hostfw.Status, error)
 		Ensure(ctx context.Context, b hostfw.Bridge) error
 	}
+	// Ports checks and repairs the guest's tap: a port of the bridge, and
+	// inert should it ever leave it (a network restart leaves it out:
+	// see hostfw.Port). nil skips the check.
+	Ports interface {
+		CheckPort(ctx context.Context, p hostfw.Port) (hostfw.Status, error)
+		EnsurePort(ctx context.Context, p hostfw.Port) error
+	}
 	// Hypervisor takes the link down; nil when libvirtd could not be
 	// reached (then a failed repair powers nothing off and is only logged,
 	// loudly, every round).
@@ -89,15 +96,19 @@ func (g Guard) Once(ctx context.Context) error {
 		}
 	}
 	b := FirewallBridge(st)
-	status, err := g.Firewall.Check(ctx, b)
+	p := hostfw.Port{Bridge: st.Bridge, GuestMAC: st.MAC}
+	status, err := g.check(ctx, b, p)
 	if err == nil && status.Intact() {
 		return logErr
 	}
 	if err == nil {
 		g.Log.Warn("host firewall damaged; repairing", "instance", g.Name, "problems", status.Problems)
 	}
-	if err = g.Firewall.Ensure(ctx, b); err == nil {
-		if status, err = g.Firewall.Check(ctx, b); err == nil && !status.Intact() {
+	if err = g.Firewall.Ensure(ctx, b); err == nil && g.Ports != nil {
+		err = g.Ports.EnsurePort(ctx, p)
+	}
+	if err == nil {
+		if status, err = g.check(ctx, b, p); err == nil && !status.Intact() {
 			err = fmt.Errorf("still damaged after repair: %v", status.Problems)
 		}
 	}
@@ -112,6 +123,17 @@ func (g Guard) Once(ctx context.Context) error {
 		return fmt.Errorf("host firewall of %s cannot be repaired (%w), and taking the link down failed too: %v", g.Name, err, lerr)
 	}
 	return fmt.Errorf("host firewall of %s cannot be repaired (%v): %w until `abox restart %s`", g.Name, err, ErrLinkDown, g.Name)
+}
+
+// check is the chains' and switches' status, and the port's.
+func (g Guard) check(ctx context.Context, b hostfw.Bridge, p hostfw.Port) (hostfw.Status, error) {
+	status, err := g.Firewall.Check(ctx, b)
+	if err != nil || g.Ports == nil {
+		return status, err
+	}
+	ps, err := g.Ports.CheckPort(ctx, p)
+	status.Problems = append(status.Problems, ps.Problems...)
+	return status, err
 }
 
 // capSerialLog keeps the serial log under SerialLogMax: past it, the last

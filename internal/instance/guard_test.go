@@ -221,3 +221,54 @@ func execScript(path string, args ...string) error {
 	cmd.Stdin = strings.NewReader("<domain/>")
 	return cmd.Run()
 }
+
+// fakePorts plays the guest's tap: out of its bridge until EnsurePort
+// plugs it back (unless fail).
+type fakePorts struct {
+	out, fail bool
+	got       []hostfw.Port
+}
+
+func (f *fakePorts) CheckPort(ctx context.Context, p hostfw.Port) (hostfw.Status, error) {
+	f.got = append(f.got, p)
+	st := hostfw.Status{Bridge: p.Bridge}
+	if f.out {
+		st.Problems = append(st.Problems, "tap vnet0 is not a port of "+p.Bridge)
+	}
+	return st, nil
+}
+
+func (f *fakePorts) EnsurePort(ctx context.Context, p hostfw.Port) error {
+	if f.fail {
+		return errors.New("ip link set: operation not permitted")
+	}
+	f.out = false
+	return nil
+}
+
+// TestGuardPlugsTheTapBack: a tap a network restart left out of the
+// bridge is plugged back by the next round (the guest's own MAC names
+// it); when that fails the guest's link goes down.
+func TestGuardPlugsTheTapBack(t *testing.T) {
+	r, st := runningRig(t)
+	ports := &fakePorts{out: true}
+	g := r.guard(io.Discard)
+	g.Ports = ports
+	r.hv.calls = nil
+	if err := g.Once(context.Background()); err != nil {
+		t.Fatalf("repair round: %v", err)
+	}
+	if ports.out {
+		t.Errorf("the tap is still out of the bridge after a round")
+	}
+	if len(ports.got) == 0 || ports.got[0] != (hostfw.Port{Bridge: st.Bridge, GuestMAC: st.MAC}) {
+		t.Errorf("ports checked: %+v, want the instance's bridge and MAC", ports.got)
+	}
+	if n := strings.Count(strings.Join(r.hv.callList(), " "), "SetLinkDown"); n != 0 {
+		t.Errorf("link taken down %d times although the repair worked", n)
+	}
+	ports.out, ports.fail = true, true
+	if err := g.Once(context.Background()); !errors.Is(err, ErrLinkDown) {
+		t.Fatalf("Once with a tap that cannot be plugged back = %v, want ErrLinkDown", err)
+	}
+}
