@@ -193,6 +193,22 @@ type fakeFW struct {
 	chains map[string]bool
 	last   hostfw.Bridge // what the last Ensure got
 	fail   bool
+	// ports are the ports EnsurePort got; failPort makes it fail.
+	ports    []hostfw.Port
+	failPort bool
+}
+
+func (f *fakeFW) EnsurePort(ctx context.Context, p hostfw.Port) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failPort {
+		return errors.New("iptables: injected port failure")
+	}
+	if !f.chains[p.Bridge] {
+		return fmt.Errorf("fake firewall: port of %s before its chains", p.Bridge)
+	}
+	f.ports = append(f.ports, p)
+	return nil
 }
 
 func (f *fakeFW) Ensure(ctx context.Context, b hostfw.Bridge) error {
@@ -499,6 +515,39 @@ func TestStartOrderAndRollback(t *testing.T) {
 	}
 	if _, err := Load(r.m.Layout, "dev"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Load after remove = %v", err)
+	}
+}
+
+// TestStartMakesTheTapInertAtOnce: start makes the guest's tap inert
+// outside its bridge right after the domain starts (not at the guard's
+// first round), and a start whose tap cannot be made inert powers the guest
+// off again and rolls back.
+func TestStartMakesTheTapInertAtOnce(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	st, _, err := r.m.Create(ctx, Spec{Name: "dev", Accel: "tcg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.m.Start(ctx, "dev"); err != nil {
+		t.Fatal(err)
+	}
+	if want := (hostfw.Port{Bridge: st.Bridge, GuestMAC: st.MAC}); len(r.fw.ports) != 1 || r.fw.ports[0] != want || want.GuestMAC == "" {
+		t.Errorf("EnsurePort got %+v, want one call for %+v", r.fw.ports, want)
+	}
+	if err := r.m.Stop(ctx, "dev", StopOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	r.fw.failPort = true
+	r.hv.calls = nil
+	if err := r.m.Start(ctx, "dev"); err == nil || !strings.Contains(err.Error(), "the guest's tap") {
+		t.Fatalf("start with a port failure = %v", err)
+	}
+	if r.hv.domains["abox-dev"] == libvirt.StateRunning || !slices.Contains(r.hv.callList(), "DestroyDomain") {
+		t.Errorf("the guest kept running: %s, calls %v", r.hv.domains["abox-dev"], r.hv.callList())
+	}
+	if r.d.PID("dev") != 0 || r.hv.networks["abox-dev"] {
+		t.Errorf("failed start left daemon %d / network active %v", r.d.PID("dev"), r.hv.networks["abox-dev"])
 	}
 }
 

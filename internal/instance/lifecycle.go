@@ -9,6 +9,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/abox-dev/abox/internal/hostfw"
 	"github.com/abox-dev/abox/internal/libvirt"
 	"github.com/abox-dev/abox/internal/validate"
 )
@@ -123,17 +124,29 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 	if err := m.Hypervisor.StartDomain(ctx, dom); err != nil {
 		return err
 	}
+	// A guest that cannot be guarded from its first instruction is
+	// powered off again.
+	refuse := func(err error) error {
+		if derr := m.Hypervisor.DestroyDomain(context.WithoutCancel(ctx), dom); derr != nil {
+			err = fmt.Errorf("%w (and powering the guest off: %v)", err, derr)
+		}
+		return fmt.Errorf("starting %s: %w", name, err)
+	}
 	if m.Hook != nil {
 		ran, err := hookRanSince(m.Layout, name, booted)
 		if err == nil && !ran {
 			err = fmt.Errorf("libvirtd did not run abox's hook %s, so nothing stops this guest from being started without its host chains and filters; restart libvirtd once (it reads hooks only when it starts) and start again", filepath.Join(m.Hook.Dir, HookFile))
 		}
 		if err != nil {
-			if derr := m.Hypervisor.DestroyDomain(context.WithoutCancel(ctx), dom); derr != nil {
-				err = fmt.Errorf("%w (and powering the guest off: %v)", err, derr)
-			}
-			return fmt.Errorf("starting %s: %w", name, err)
+			return refuse(err)
 		}
+	}
+	// The tap exists now: make it inert outside the bridge at once rather
+	// than at the guard's first round (frames the bridge never forwards,
+	// such as those to link-local group addresses, reach the host's IP
+	// stack on the tap itself; see docs/hostfw.md).
+	if err := m.Firewall.EnsurePort(ctx, hostfw.Port{Bridge: st.Bridge, GuestMAC: st.MAC}); err != nil {
+		return refuse(fmt.Errorf("the guest's tap: %w", err))
 	}
 	// Status shows how long this boot took; WaitReady completes the record.
 	if err := writeBoot(m.Layout, name, Boot{StartedAt: time.Now()}); err != nil {

@@ -38,6 +38,9 @@ type Hypervisor interface {
 // and what the host and the guest may send each other).
 type Firewall interface {
 	Ensure(ctx context.Context, b hostfw.Bridge) error
+	// EnsurePort makes the guest's tap inert outside its bridge (see
+	// hostfw.Port); start runs it as soon as the tap exists.
+	EnsurePort(ctx context.Context, p hostfw.Port) error
 	Remove(ctx context.Context, bridge string) error
 }
 
