@@ -15,6 +15,7 @@ import (
 	"github.com/abox-dev/abox/e2e/harness"
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/paths"
 )
 
 // TestHookRefusesWithoutQEMU checks, against a real libvirtd (9.0 here)
@@ -56,7 +57,7 @@ func TestHookRefusesWithoutQEMU(t *testing.T) {
 	}
 	home := filepath.Join(env.Dir, "home")
 	dom := `<domain type='qemu'><name>abox-hk</name><memory unit='MiB'>64</memory>
-<metadata><instance xmlns="` + libvirt.MetadataNamespace + `" name="hk" dir="` + filepath.Join(home, "instances", "hk") + `"/></metadata>
+<metadata><instance xmlns="` + libvirt.MetadataNamespace + `" name="hk" dir="` + paths.Layout{Root: home}.InstanceDir("hk") + `"/></metadata>
 <os><type arch='x86_64'>hvm</type></os><devices><controller type='usb' model='none'/></devices></domain>`
 	p := filepath.Join(env.Dir, "hk.xml")
 	os.WriteFile(p, []byte(dom), 0o644)

@@ -57,7 +57,7 @@ func TestHostSide(t *testing.T) {
 		defer ccancel()
 		s.ctx = cctx
 		if t.Failed() {
-			if b, err := os.ReadFile(filepath.Join(s.home, "instances", "hs", "logs", "daemon.log")); err == nil {
+			if b, err := os.ReadFile(layout.Instance("hs").DaemonLog); err == nil {
 				t.Logf("hs daemon.log:\n%s", tail(string(b), 30))
 			}
 		}
@@ -89,7 +89,7 @@ func TestHostSide(t *testing.T) {
 			if err == nil || !strings.Contains(out, "not allowed") {
 				t.Errorf("%s: create with the template = %v\n%s", name, err, out)
 			}
-			if _, err := os.Stat(filepath.Join(s.home, "instances", "tpl")); err == nil {
+			if _, err := os.Stat(paths.Layout{Root: s.home}.InstanceDir("tpl")); err == nil {
 				t.Errorf("%s: a refused create left its directory", name)
 			}
 			if out, _ := s.env.Virsh(s.ctx, "list", "--all", "--name"); strings.Contains(out, "abox-tpl") {
@@ -365,7 +365,7 @@ s.send(arp(1, '` + hs.GuestIP.String() + `', gw))
 // domain, network, nwfilter, bridge, chains in both families, processes.
 func (s *suite) checkGone(t *testing.T, name, bridge string) {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(s.home, "instances", name)); err == nil {
+	if _, err := os.Stat(paths.Layout{Root: s.home}.InstanceDir(name)); err == nil {
 		t.Errorf("%s: directory still there", name)
 	}
 	for _, args := range [][]string{{"list", "--all", "--name"}, {"net-list", "--all", "--name"}, {"nwfilter-list"}} {

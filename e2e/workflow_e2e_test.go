@@ -107,8 +107,9 @@ func TestWorkflow(t *testing.T) {
 		defer ccancel()
 		w.ctx = cctx
 		if t.Failed() {
-			for _, f := range []string{"logs/daemon.log", "logs/serial.log"} {
-				if b, err := os.ReadFile(filepath.Join(l.Home, "instances", "wf", f)); err == nil {
+			files := paths.Layout{Root: l.Home}.Instance("wf")
+			for _, f := range []string{files.DaemonLog, files.SerialLog} {
+				if b, err := os.ReadFile(f); err == nil {
 					t.Logf("%s:\n%s", f, tail(string(b), 30))
 				}
 			}
@@ -162,7 +163,7 @@ provision:
 		if err == nil || !strings.Contains(out, "not trusted") || !strings.Contains(out, "dns.upstreams") || !strings.Contains(out, "upstream_ca") || !strings.Contains(out, "abox trust") {
 			t.Fatalf("untrusted up: %v\n%s", err, out)
 		}
-		if _, err := os.Stat(filepath.Join(l.Home, "instances", "wf")); err == nil {
+		if _, err := os.Stat(paths.Layout{Root: l.Home}.InstanceDir("wf")); err == nil {
 			t.Errorf("the refused up left an instance directory")
 		}
 	})
@@ -395,7 +396,7 @@ provision:
 		os.MkdirAll(mnt, 0o755)
 		w.must(t, "mount", "wf", mnt)
 		w.must(t, "down", "--rm")
-		if _, err := os.Stat(filepath.Join(l.Home, "instances", "wf")); err == nil {
+		if _, err := os.Stat(paths.Layout{Root: l.Home}.InstanceDir("wf")); err == nil {
 			t.Errorf("instance directory left")
 		}
 		if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), mnt) {

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -365,8 +364,7 @@ func logChecks(in Instance, r *Report) {
 		return
 	}
 	var bad []string
-	for _, n := range []string{"dns.log", "http.log", "daemon.log"} {
-		p := filepath.Join(dir, n)
+	for _, p := range []string{in.Files.DNSLog, in.Files.HTTPLog, in.Files.DaemonLog} {
 		lf, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
