@@ -8,6 +8,15 @@ import "strings"
 // resolver), so it is never forwarded upstream and never allowed, in any mode.
 const ReasonSpecialUse = "special_use_name"
 
+// ReasonSpecialUseAlias: an allowed name whose answer is an alias (a CNAME
+// chain) through a name the filters would refuse as special_use_name or
+// invalid_name. The upstream followed the alias itself, and a host's
+// resolver routes such a name to mDNS, LLMNR, /etc/hosts or a split-DNS
+// link, so the answer may describe the host's network rather than the
+// internet: a guest with a record under an allowed zone could launder any
+// local name through it.
+const ReasonSpecialUseAlias = "special_use_alias"
+
 // specialUse are the zones below which no name is forwarded: RFC 6761's
 // localhost, RFC 6762 (local), RFC 7686 (onion),
 // RFC 8375 (home.arpa), RFC 9476 (alt), RFC 9462 (resolver.arpa), RFC 8880
@@ -43,4 +52,14 @@ func SpecialUse(n string) bool {
 func NumericName(n string) bool {
 	last := n[strings.LastIndexByte(n, '.')+1:]
 	return last != "" && last[0] >= '0' && last[0] <= '9'
+}
+
+// LocalName reports whether name, a host name as a DNS message holds it
+// (any case, a trailing dot or not, presentation-format escapes kept), is
+// one the filters never let a guest resolve: single-label (the root too),
+// in a special-use zone, or numeric (see NumericName). It is the test for
+// alias targets, which the upstream follows without asking the filters.
+func LocalName(name string) bool {
+	n := strings.ToLower(strings.TrimSuffix(name, "."))
+	return SpecialUse(n) || NumericName(n)
 }

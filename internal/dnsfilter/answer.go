@@ -13,11 +13,16 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/upstream"
 )
 
 var errOverloaded = errors.New("too many upstream queries in flight")
+
+// classLocalAlias is the block class (for the log) of an answer whose CNAME
+// chain passes through a local or special-use name (upstream.LocalAlias).
+const classLocalAlias = netclass.Class(allowlist.ReasonSpecialUseAlias)
 
 // entry is a checked upstream answer for one (name, type, DO). It is
 // immutable once built and shared between the cache and concurrent queries.
@@ -141,6 +146,13 @@ func (s *Server) check(name string, qtype uint16, r *dns.Msg, now time.Time) *en
 				e.addrs = append(e.addrs, a)
 			}
 		}
+	}
+	if upstream.LocalAlias(name, r.Answer) != "" {
+		// The upstream followed an alias into a name the filter never
+		// forwards: its answer may describe the host's own network.
+		e.blockClass = classLocalAlias
+		e.expires = now.Add(time.Duration(s.minTTL) * time.Second)
+		return e
 	}
 	chain := upstream.CNAMEChain(name, r.Answer)
 	targets := map[string]bool{}

@@ -9,7 +9,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/netclass"
+	"github.com/abox-dev/abox/internal/upstream"
 )
 
 // Resolver looks a name up (A and AAAA) without any filtering; the guard does
@@ -87,6 +89,10 @@ func (g *Guard) Check(ctx context.Context, t Target) (*Checked, *Refusal) {
 	}
 	addrs, err := g.Resolver.LookupNetIP(ctx, t.Name)
 	if err != nil {
+		var alias *upstream.AliasError
+		if errors.As(err, &alias) {
+			return nil, &Refusal{Reason: allowlist.ReasonSpecialUseAlias, Err: err}
+		}
 		return nil, &Refusal{Reason: ReasonResolveFailed, Err: err}
 	}
 	if len(addrs) == 0 {

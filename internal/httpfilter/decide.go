@@ -79,7 +79,7 @@ func (p *Proxy) decide(ctx context.Context, t egress.Target, pinned *egress.Chec
 	}
 	if ref != nil {
 		status := http.StatusForbidden
-		if ref.Class == "" {
+		if ref.Class == "" && ref.Reason != allowlist.ReasonSpecialUseAlias {
 			status = http.StatusBadGateway // the name did not resolve
 		}
 		rd := block(status, ref.Reason)

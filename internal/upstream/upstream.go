@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/abox-dev/abox/internal/allowlist"
 )
 
 // Defaults for Config fields left zero.
@@ -281,7 +283,8 @@ type Exchanger interface {
 // LookupNetIP resolves host to its IPv4 and IPv6 addresses (A and AAAA asked
 // in parallel), following CNAME chains inside the answers. The addresses are
 // not filtered: callers classify them. An IP literal is returned as is. A
-// name with no address is a *net.DNSError with IsNotFound set.
+// name with no address is a *net.DNSError with IsNotFound set; a name whose
+// answer is an alias of a local name (LocalAlias) is an *AliasError.
 func (c *Client) LookupNetIP(ctx context.Context, host string) ([]netip.Addr, error) {
 	return LookupNetIP(ctx, c, host, c.udpSize)
 }
@@ -313,12 +316,18 @@ func LookupNetIP(ctx context.Context, ex Exchanger, host string, udpSize uint16)
 	}
 	var addrs []netip.Addr
 	var errs []error
+	var alias *AliasError
 	for range 2 {
 		r := <-ch
 		addrs = append(addrs, r.addrs...)
 		if r.err != nil {
 			errs = append(errs, r.err)
+			errors.As(r.err, &alias)
 		}
+	}
+	if alias != nil {
+		// One family aliased to a local name taints the other's answer.
+		return nil, alias
 	}
 	if len(addrs) > 0 {
 		return addrs, nil
@@ -347,6 +356,9 @@ func lookupType(ctx context.Context, ex Exchanger, name string, t, udpSize uint1
 		return nil, &net.DNSError{Err: "no such host", Name: name, IsNotFound: true}
 	default:
 		return nil, fmt.Errorf("resolving %s %s: upstream answered %s", name, dns.TypeToString[t], dns.RcodeToString[r.Rcode])
+	}
+	if a := LocalAlias(name, r.Answer); a != "" {
+		return nil, &AliasError{Name: name, Alias: a}
 	}
 	return ChainAddrs(name, t, r.Answer), nil
 }
@@ -381,8 +393,23 @@ func ChainAddrs(name string, t uint16, answer []dns.RR) []netip.Addr {
 // CNAMEChain returns the set of lowercase FQDNs reachable from name through
 // CNAME records in rrs, name included, following at most 16 aliases.
 func CNAMEChain(name string, rrs []dns.RR) map[string]bool {
+	chain := map[string]bool{}
+	walkChain(name, rrs, func(n string) bool {
+		chain[n] = true
+		return true
+	})
+	return chain
+}
+
+// walkChain calls f with name and then each alias the CNAME records of rrs
+// lead to (lowercase FQDNs, at most 16 aliases, no name twice) until f
+// returns false.
+func walkChain(name string, rrs []dns.RR, f func(string) bool) {
 	cur := strings.ToLower(dns.Fqdn(name))
-	chain := map[string]bool{cur: true}
+	seen := map[string]bool{cur: true}
+	if !f(cur) {
+		return
+	}
 	for range maxCNAMEChain {
 		next := ""
 		for _, rr := range rrs {
@@ -391,11 +418,44 @@ func CNAMEChain(name string, rrs []dns.RR) map[string]bool {
 				break
 			}
 		}
-		if next == "" || chain[next] {
-			break
+		if next == "" || seen[next] {
+			return
 		}
-		chain[next] = true
+		seen[next] = true
+		if !f(next) {
+			return
+		}
 		cur = next
 	}
-	return chain
+}
+
+// LocalAlias returns the first alias on the CNAME chain from name in rrs
+// that is a local name (allowlist.LocalName: single-label, special-use,
+// numeric), or "". The queried name itself was decided by the filter; its
+// aliases were followed by the upstream, which may have answered them from
+// the host's own network.
+func LocalAlias(name string, rrs []dns.RR) string {
+	first, alias := true, ""
+	walkChain(name, rrs, func(n string) bool {
+		if first {
+			first = false
+			return true
+		}
+		if allowlist.LocalName(n) {
+			alias = n
+			return false
+		}
+		return true
+	})
+	return alias
+}
+
+// AliasError is a lookup whose answer is an alias of a local name
+// (LocalAlias): refused, never "no such host".
+type AliasError struct {
+	Name, Alias string
+}
+
+func (e *AliasError) Error() string {
+	return fmt.Sprintf("%s is an alias of %s, a local or special-use name", strings.TrimSuffix(e.Name, "."), strings.TrimSuffix(e.Alias, "."))
 }

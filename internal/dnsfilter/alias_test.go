@@ -1,0 +1,59 @@
+package dnsfilter_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/miekg/dns"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/dnsfilter"
+)
+
+// TestAliasIntoLocalNameRefused: an allowlisted name whose answer is a CNAME
+// chain through a single-label, special-use or numeric name is refused whole
+// (the upstream followed the alias itself, perhaps into the host's own
+// network), from a fresh answer and from the cache, in both modes; an alias
+// into an ordinary name is answered as before.
+func TestAliasIntoLocalNameRefused(t *testing.T) {
+	aliases := []string{
+		"printer.local.", "gw.", "db.corp.", "x.internal.", "a.b.localhost.", "93.184.215.97.",
+		"healthcheck.abox.local.", "nas.home.arpa.", "Router.LAN.",
+	}
+	for _, passive := range []bool{false, true} {
+		h := start(t, harnessOptions{passive: passive})
+		for i, target := range aliases {
+			name := fmt.Sprintf("alias%d.example.com", i)
+			// A hop through an ordinary name first: every link counts.
+			hop := fmt.Sprintf("hop%d.example.net.", i)
+			h.up.Add(name+". 60 IN CNAME "+hop, hop+" 60 IN CNAME "+target, target+" 60 IN A 93.184.215.99")
+			t.Run(fmt.Sprintf("passive=%v %s", passive, target), func(t *testing.T) {
+				for try := range 2 { // the second from the cache
+					r := h.ask(t, name, dns.TypeA)
+					if rcode(r) != "NXDOMAIN" || len(r.Answer) != 0 {
+						t.Fatalf("try %d: rcode %s answer %v, want NXDOMAIN and nothing", try, rcode(r), r.Answer)
+					}
+					if _, text, ok := ede(r); !ok || !strings.HasPrefix(text, "reason="+dnsfilter.ReasonRebinding) {
+						t.Errorf("try %d: EDE %q, want reason=%s", try, text, dnsfilter.ReasonRebinding)
+					}
+				}
+			})
+		}
+		found := false
+		for _, l := range h.logs.lines(t) {
+			if l["reason"] == dnsfilter.ReasonRebinding && l["class"] == allowlist.ReasonSpecialUseAlias {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no log line with reason %s and class %s", dnsfilter.ReasonRebinding, allowlist.ReasonSpecialUseAlias)
+		}
+		t.Run(fmt.Sprintf("passive=%v ordinary alias", passive), func(t *testing.T) {
+			r := h.ask(t, "www.example.com", dns.TypeA)
+			if got := addrs(r); rcode(r) != "NOERROR" || len(got) != 1 || got[0] != "93.184.215.40" {
+				t.Errorf("www.example.com: %s %v, want NOERROR 93.184.215.40", rcode(r), got)
+			}
+		})
+	}
+}
