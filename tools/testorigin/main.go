@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -29,9 +30,14 @@ func main() {
 	names := flag.String("names", "localhost", "comma-separated DNS names and IPs for the certificate")
 	caOut := flag.String("ca-out", "", "write the CA certificate (PEM) here")
 	body := flag.String("body", "hello from testorigin", "response body prefix")
+	h1 := flag.Bool("http1", false, "HTTPS offers HTTP/1.1 only (no h2)")
 	flag.Parse()
 
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n, ok := strings.CutPrefix(r.URL.Path, "/bytes/"); ok {
+			serveBytes(w, n)
+			return
+		}
 		w.Header().Set("Content-Type", "text/plain")
 		fmt.Fprintf(w, "%s: %s %s host=%s proto=%s\n", *body, r.Method, r.URL.Path, r.Host, r.Proto)
 	})
@@ -53,7 +59,7 @@ func main() {
 				log.Fatal(err)
 			}
 		}
-		ln, err := tls.Listen("tcp", *httpsAddr, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}})
+		ln, err := tls.Listen("tcp", *httpsAddr, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: protos(*h1)})
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -62,6 +68,37 @@ func main() {
 	}
 	fmt.Fprintln(os.Stderr, "testorigin: ready")
 	log.Fatal(<-errc)
+}
+
+func protos(h1 bool) []string {
+	if h1 {
+		return []string{"http/1.1"}
+	}
+	return []string{"h2", "http/1.1"}
+}
+
+// maxBytes caps /bytes/N.
+const maxBytes = 1 << 30
+
+var zeros = make([]byte, 256<<10)
+
+// serveBytes answers /bytes/N with N zero bytes and their Content-Length,
+// for throughput benchmarks.
+func serveBytes(w http.ResponseWriter, n string) {
+	size, err := strconv.ParseInt(n, 10, 64)
+	if err != nil || size < 0 || size > maxBytes {
+		http.Error(w, "/bytes/N takes N from 0 to 1073741824", http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	for size > 0 {
+		b := zeros[:min(size, int64(len(zeros)))]
+		if _, err := w.Write(b); err != nil {
+			return
+		}
+		size -= int64(len(b))
+	}
 }
 
 func makeCert(names []string) (tls.Certificate, []byte, error) {
