@@ -245,7 +245,7 @@ func (s *Server) checkQuery(req *dns.Msg, d decision) (*dns.Msg, decision) {
 		d.verdict, d.reason, d.rcode = allowlist.Allow, policy.ReasonHealthcheck, dns.RcodeSuccess
 		return s.healthcheck(req), d
 	}
-	if isReverse(n) && !reverseForwardable(n) {
+	if isReverse(n) && !reverseForwardable(n, s.addrs) {
 		s.st.blocked.Add(1)
 		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonPrivateReverse, dns.RcodeNameError
 		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonPrivateReverse}), d

@@ -10,13 +10,16 @@ import (
 
 // reverseForwardable reports whether a reverse-mapping name (under
 // in-addr.arpa or ip6.arpa) may go upstream: only a complete address whose
-// class is public. Partial names (zone cuts such as 10.in-addr.arpa),
+// class is public and that the address policy p calls public too, so not
+// one of the host's own addresses, an address on the host's IPv6 LAN or on
+// another instance's network, and not a private range opened with
+// --allow-private. Partial names (zone cuts such as 10.in-addr.arpa),
 // classless-delegation forms and anything unparseable stay local, so no
-// query about private ranges ever reaches the host's resolvers, which may
-// know the LAN's names.
-func reverseForwardable(n string) bool {
+// query about private ranges or the host's network ever reaches the host's
+// resolvers, which may know the LAN's names.
+func reverseForwardable(n string, p *netclass.Policy) bool {
 	a, ok := reverseAddr(n)
-	return ok && netclass.Classify(a) == netclass.Public
+	return ok && netclass.Classify(a) == netclass.Public && p.Check(a) == netclass.Public
 }
 
 // reverseAddr parses a complete reverse-mapping name into its address.
