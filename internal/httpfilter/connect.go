@@ -22,6 +22,12 @@ import (
 // answers the healthcheck itself.
 func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record) {
 	t, err := egress.ParseAuthority(r.Host, 0)
+	if err == nil && (r.RequestURI == "" || r.RequestURI[0] == '/') {
+		// RFC 9110 9.3.6: a CONNECT names its target in authority form.
+		// net/http also takes "CONNECT /path" and then uses the Host
+		// header: a target that is no authority is refused, not guessed.
+		err = fmt.Errorf("%w: CONNECT target %q is not host:port", egress.ErrInvalidTarget, r.RequestURI)
+	}
 	if err != nil {
 		rec.host, rec.err = r.Host, err
 		p.refuse(w, rec, http.StatusBadRequest, ReasonInvalidTarget, true)
