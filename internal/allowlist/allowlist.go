@@ -259,6 +259,11 @@ func ParseEntry(s string) (Entry, error) {
 	if !strings.Contains(name, ".") {
 		return Entry{}, fmt.Errorf("%q: a bare top-level domain would allow too much; name a domain below it", s)
 	}
+	if NumericName(name) {
+		// The filters read such a name as an address and never allow it
+		// (invalid_name): an entry for it would only look as if it did.
+		return Entry{}, fmt.Errorf("%q: its last label starts with a digit, so the filters read it as an IP address and refuse it in every mode; no top-level domain does", s)
+	}
 	if SpecialUse(name) {
 		return Entry{}, fmt.Errorf("%q: names in local and special-use zones (.local, .localhost, .internal, .home.arpa, .lan, ...) are never forwarded upstream, so an entry cannot allow them", s)
 	}
