@@ -12,6 +12,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/decisionlog"
+	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
 )
 
@@ -20,8 +21,9 @@ import (
 const (
 	// ReasonRebinding: an allowed name answered with an address the guest may not reach.
 	ReasonRebinding = "dns_rebinding"
-	// ReasonPrivateReverse: a reverse lookup of a private or reserved range (never forwarded).
-	ReasonPrivateReverse = "private_reverse"
+	// ReasonPrivateReverse: a reverse lookup of a private or reserved range
+	// or of the host's network (never forwarded).
+	ReasonPrivateReverse = policy.ReasonPrivateReverse
 	// ReasonQuestionCount: a query without exactly one question.
 	ReasonQuestionCount = "question_count"
 	// ReasonMalformed: a query carrying answer, authority or stray additional records.
@@ -245,7 +247,7 @@ func (s *Server) checkQuery(req *dns.Msg, d decision) (*dns.Msg, decision) {
 		d.verdict, d.reason, d.rcode = allowlist.Allow, policy.ReasonHealthcheck, dns.RcodeSuccess
 		return s.healthcheck(req), d
 	}
-	if isReverse(n) && !reverseForwardable(n, s.addrs) {
+	if netclass.IsReverseName(n) && !netclass.ReversePublic(n, s.addrs) {
 		s.st.blocked.Add(1)
 		d.verdict, d.reason, d.rcode = allowlist.Block, ReasonPrivateReverse, dns.RcodeNameError
 		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonPrivateReverse}), d
@@ -498,9 +500,4 @@ func (e *entry) decisionFields(d decision) decisionlog.Fields {
 	lf := &loggedFields{reason: d.reason, rule: d.rule, f: decisionlog.Encode(func(l *decisionlog.Line) { decisionFields(l, d) })}
 	e.logged.Store(lf)
 	return lf.f
-}
-
-// isReverse reports whether n lies in the reverse-mapping trees.
-func isReverse(n string) bool {
-	return n == "in-addr.arpa" || n == "ip6.arpa" || strings.HasSuffix(n, ".in-addr.arpa") || strings.HasSuffix(n, ".ip6.arpa")
 }

@@ -51,6 +51,7 @@ func TestExplain(t *testing.T) {
 		{"configured ports drop 80", ports, "http://example.com/", allowlist.Block, "port_not_allowed", "example.com", allowlist.Allow, 80, ""},
 		{"mitm exception tunnels", base, "tunnel.test", allowlist.Allow, allowlist.ReasonAllowlisted, "tunnel.test", allowlist.Allow, 443, "tunnelled"},
 		{"passive allows unlisted", passive, "unlisted.test", allowlist.Allow, policy.ReasonPassive, "", allowlist.Allow, 443, "intercepted"},
+		{"private reverse name", passive, "5.0.0.10.in-addr.arpa", allowlist.Block, policy.ReasonPrivateReverse, "", allowlist.Block, 443, ""},
 		{"healthcheck in active", base, "healthcheck.abox.local", allowlist.Allow, policy.ReasonHealthcheck, "", allowlist.Allow, 443, ""},
 		{"healthcheck on any port", base, "healthcheck.abox.local:9", allowlist.Allow, policy.ReasonHealthcheck, "", allowlist.Allow, 9, ""},
 		{"public literal active", base, "93.184.216.34", allowlist.Block, allowlist.ReasonNotAllowlisted, "", "", 443, ""},

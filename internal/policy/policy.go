@@ -18,6 +18,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/fsutil"
+	"github.com/abox-dev/abox/internal/netclass"
 )
 
 // HealthcheckName answers locally in both filters, in every mode.
@@ -29,6 +30,10 @@ const (
 	ReasonHealthcheck = "healthcheck"
 	// ReasonPassive: not allowlisted, allowed because the instance is in passive mode.
 	ReasonPassive = "passive_mode"
+	// ReasonPrivateReverse: a reverse-mapping name (in-addr.arpa, ip6.arpa)
+	// that is not a complete public address: a private or reserved range,
+	// or a zone cut above one. Blocked in every mode.
+	ReasonPrivateReverse = "private_reverse"
 )
 
 // Mode is the enforcement mode of an instance's filters.
@@ -185,16 +190,22 @@ func (e *Engine) Decide(name string) allowlist.Decision {
 // DecideNormalized is Decide for a name returned by allowlist.NormalizeName.
 func (e *Engine) DecideNormalized(n string) allowlist.Decision {
 	l := e.list.Load()
-	if e.passive.Load() && n != HealthcheckName && !allowlist.SpecialUse(n) && !allowlist.NumericName(n) {
-		e.profile.Record(n, l.MatchNormalized(n).Verdict == allowlist.Allow, e.now())
-		return Evaluate(l, Passive, n)
+	if !e.passive.Load() {
+		return Evaluate(l, Active, n)
 	}
-	return Evaluate(l, Active, n)
+	// The passive profile records the names passive mode allowed, listed
+	// or not; names refused in every mode are not the guest's profile.
+	d := Evaluate(l, Passive, n)
+	if d.Verdict == allowlist.Allow && d.Reason != ReasonHealthcheck {
+		e.profile.Record(n, d.Reason != ReasonPassive, e.now())
+	}
+	return d
 }
 
 // Evaluate is the name decision of both filters as a pure function of the
-// list and the mode, recording nothing: healthcheck, then special-use names
-// (blocked in every mode), then the allowlist, then passive mode's allow. n
+// list and the mode, recording nothing: healthcheck, then numeric, special-use
+// and private reverse names (blocked in every mode), then the allowlist, then
+// passive mode's allow. n
 // must come from allowlist.NormalizeName. abox explain uses it to answer
 // without touching the passive profile.
 func Evaluate(l *allowlist.List, m Mode, n string) allowlist.Decision {
@@ -209,6 +220,11 @@ func Evaluate(l *allowlist.List, m Mode, n string) allowlist.Decision {
 		// (mDNS, systemd-resolved, the LAN's router) would answer for the
 		// host's network.
 		return allowlist.Decision{Verdict: allowlist.Block, Reason: allowlist.ReasonSpecialUse}
+	}
+	if netclass.IsReverseName(n) && !netclass.ReversePublic(n, nil) {
+		// The same holds for the reverse names of private ranges, whether
+		// the DNS filter is asked (PTR) or the proxy would look them up.
+		return allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonPrivateReverse}
 	}
 	d := l.MatchNormalized(n) // a nil list allows nothing
 	if m == Passive && d.Verdict == allowlist.Block {
