@@ -146,8 +146,17 @@ func peekClientHello(c net.Conn) (*tls.ClientHelloInfo, []byte, error) {
 	return hello, rc.buf.Bytes(), nil
 }
 
-// sniMatches reports whether a ClientHello's server name is the CONNECT host.
+// sniMatches reports whether a ClientHello's server name is the CONNECT host,
+// spelled as a host name is in TLS (RFC 6066: ASCII, IDNs as A-labels; any
+// case). A name that matches only once decoded (percent-encoding, Unicode
+// that IDNA maps onto it) is another spelling: the origin of a byte tunnel
+// reads the raw bytes, not the proxy's decoding of them.
 func sniMatches(sni string, t egress.Target) bool {
+	for i := 0; i < len(sni); i++ {
+		if c := sni[i]; c >= 0x80 || c == '%' {
+			return false
+		}
+	}
 	st, err := egress.ParseHost(sni)
 	return err == nil && st.Name == t.Name && st.Addr == t.Addr
 }
