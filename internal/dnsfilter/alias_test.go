@@ -57,3 +57,26 @@ func TestAliasIntoLocalNameRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestLocalTargetsGetNoGlue: the additional addresses the upstream volunteers
+// for a kept record's target are dropped when the target is a local name
+// (single-label, special-use, numeric); the record itself and the glue of
+// ordinary targets are kept.
+func TestLocalTargetsGetNoGlue(t *testing.T) {
+	h := start(t, harnessOptions{})
+	h.up.Add("mx2.example.com. 60 IN MX 10 mail.local.", "mx2.example.com. 60 IN MX 20 mx.example.net.")
+	h.up.AddExtra("mx2.example.com", "mail.local. 60 IN A 93.184.215.33", "mx.example.net. 60 IN A 93.184.215.34")
+	r := h.ask(t, "mx2.example.com", dns.TypeMX)
+	if rcode(r) != "NOERROR" || len(r.Answer) != 2 {
+		t.Fatalf("MX: %s %v, want both MX records", rcode(r), r.Answer)
+	}
+	var glue []string
+	for _, rr := range r.Extra {
+		if a, ok := rr.(*dns.A); ok {
+			glue = append(glue, a.Hdr.Name+" "+a.A.String())
+		}
+	}
+	if len(glue) != 1 || glue[0] != "mx.example.net. 93.184.215.34" {
+		t.Errorf("additional addresses %v, want only mx.example.net's", glue)
+	}
+}

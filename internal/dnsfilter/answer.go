@@ -187,7 +187,10 @@ func (s *Server) check(name string, qtype uint16, r *dns.Msg, now time.Time) *en
 	}
 	for _, rr := range r.Extra {
 		h := rr.Header()
-		if (h.Rrtype == dns.TypeA || h.Rrtype == dns.TypeAAAA) && targets[strings.ToLower(h.Name)] {
+		// The addresses of a local target (an MX or SRV naming mail.local)
+		// came from wherever the upstream resolves local names: the guest
+		// may ask for them, and is refused.
+		if (h.Rrtype == dns.TypeA || h.Rrtype == dns.TypeAAAA) && targets[strings.ToLower(h.Name)] && !allowlist.LocalName(h.Name) {
 			rr = dns.Copy(rr)
 			rr.Header().Ttl = s.clampTTL(rr.Header().Ttl)
 			e.extra = append(e.extra, rr)
