@@ -238,6 +238,10 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating http filter: %w", err)
 	}
+	// The transport pools by name, not by checked address: an upgrade the
+	// origin declined must not leave a connection for the next upgrade of
+	// that name, whose own decision may have checked other addresses.
+	p.transport.DisableKeepAlives = true
 	p.h2t = h2t
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:   p.rewrite,
