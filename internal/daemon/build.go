@@ -230,6 +230,18 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 	if err != nil {
 		return Options{}, info, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	// The host network's NAT64 prefixes, shared by both address policies.
+	nat64 := new(netclass.NAT64)
+	nctx, stopNAT64 := context.WithCancel(context.Background())
+	nat64Done := make(chan struct{})
+	go func() {
+		defer close(nat64Done)
+		discoverNAT64(nctx, res, nat64, log)
+	}()
+	b.onClose(func() {
+		stopNAT64()
+		<-nat64Done
+	})
 
 	if d := cfg.DNS; d != nil {
 		pc, ln := d.PacketConn, d.Listener
@@ -249,7 +261,7 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 		srv, err := dnsfilter.New(dnsfilter.Config{
 			PacketConn: pc, Listener: ln,
 			Policy: pol, Upstream: res,
-			Addrs:  netclass.New(netclass.Options{Permit: cfg.AllowPrivate, PermitHost: cfg.AllowHost, Host: host}),
+			Addrs:  netclass.New(netclass.Options{Permit: cfg.AllowPrivate, PermitHost: cfg.AllowHost, Host: host, NAT64: nat64}),
 			Logger: slog.New(slog.NewJSONHandler(dns.w, nil)), DecisionLog: dns.w,
 			MinTTL: d.MinTTL, MaxTTL: d.MaxTTL,
 			CacheSize: d.CacheSize, RateLimit: d.RateLimit, RateBurst: d.RateBurst, Budget: bud,
@@ -307,7 +319,7 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 			Listener:       ln,
 			Policy:         pol,
 			Resolver:       res,
-			Addresses:      netclass.New(netclass.Options{Permit: cfg.AllowPrivate, PermitHost: cfg.AllowHost, Host: phost}),
+			Addresses:      netclass.New(netclass.Options{Permit: cfg.AllowPrivate, PermitHost: cfg.AllowHost, Host: phost, NAT64: nat64}),
 			Ports:          h.Ports,
 			CA:             authority,
 			NoMITM:         h.NoMITM,

@@ -248,6 +248,8 @@ type Policy struct {
 	// interfaces: addresses that appear after start (DHCP, IPv6 temporary
 	// addresses, new bridges) and every network an interface sits on.
 	live *liveHost
+	// nat64 are the host network's NAT64 prefixes; nil knows none.
+	nat64 *NAT64
 }
 
 // Options configures New.
@@ -259,6 +261,9 @@ type Options struct {
 	// Host are the host's own addresses (see HostAddrs); giving any makes
 	// the policy follow the host's interfaces.
 	Host []netip.Addr
+	// NAT64 are the network-specific NAT64 prefixes of the host's network:
+	// an address under one is judged as the IPv4 address it embeds.
+	NAT64 *NAT64
 }
 
 // NewPolicy builds a policy. permit are the explicitly allowed ranges; host are
@@ -274,7 +279,7 @@ func NewPolicy(permit []netip.Prefix, host []netip.Addr) *Policy {
 
 // New builds a policy from o.
 func New(o Options) *Policy {
-	p := &Policy{host: make(map[netip.Addr]bool, len(o.Host))}
+	p := &Policy{host: make(map[netip.Addr]bool, len(o.Host)), nat64: o.NAT64}
 	for _, pr := range o.Permit {
 		p.permit = append(p.permit, pr.Masked())
 	}
@@ -303,6 +308,13 @@ func (p *Policy) Check(a netip.Addr) Class {
 	}
 	if p == nil {
 		return c
+	}
+	if v4, ok := p.nat64.embedded(a); ok {
+		// The host's NAT64 gateway reaches v4 for this address: it is
+		// refused whenever v4 itself would be.
+		if c4 := p.Check(v4); !Allowed(c4) {
+			return c4
+		}
 	}
 	cands := []netip.Addr{a.Unmap()}
 	if v4, ok := Embedded4(a); ok {
