@@ -130,8 +130,11 @@ func (c *recordingConn) Read(b []byte) (int, error) {
 func (c *recordingConn) Write(b []byte) (int, error) { return len(b), nil }
 
 // peekClientHello reads the ClientHello without answering it and returns
-// the hello and the bytes read, to be replayed to the upstream.
-func peekClientHello(c net.Conn) (*tls.ClientHelloInfo, []byte, error) {
+// the hello, the bytes of its records (to be replayed to the upstream) and
+// c with whatever the client sent behind them put back in front: those
+// bytes are no part of what was checked (a second hello sent ahead of a
+// HelloRetryRequest is checked when its turn comes).
+func peekClientHello(c net.Conn) (*tls.ClientHelloInfo, []byte, net.Conn, error) {
 	rc := &recordingConn{Conn: c}
 	var hello *tls.ClientHelloInfo
 	err := tls.Server(rc, &tls.Config{
@@ -140,10 +143,15 @@ func peekClientHello(c net.Conn) (*tls.ClientHelloInfo, []byte, error) {
 			return nil, errHelloRead
 		},
 	}).Handshake()
+	buf := rc.buf.Bytes()
 	if hello == nil {
-		return nil, rc.buf.Bytes(), fmt.Errorf("reading client hello: %w", err)
+		return nil, buf, c, fmt.Errorf("reading client hello: %w", err)
 	}
-	return hello, rc.buf.Bytes(), nil
+	n, clean := helloSpan(buf)
+	if !clean {
+		return nil, buf[:n], c, errHelloTrailing
+	}
+	return hello, buf[:n], withPrefix(c, bytes.Clone(buf[n:])), nil
 }
 
 // sniMatches reports whether a ClientHello's server name is the CONNECT host,
@@ -168,7 +176,7 @@ func sniMatches(sni string, t egress.Target) bool {
 // before it is relayed: it must name the same server.
 func (p *Proxy) tunnel(ctx context.Context, client net.Conn, checked *egress.Checked, rec *record) {
 	client.SetReadDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
-	hello, raw, err := peekClientHello(client)
+	hello, raw, client, err := peekClientHello(client)
 	client.SetReadDeadline(time.Time{})
 	if !helloAccepted(rec, hello, err, checked.Target) {
 		return

@@ -21,7 +21,35 @@ const (
 	// ReasonHelloRetryChanged: the second ClientHello after a
 	// HelloRetryRequest names another server than the first.
 	ReasonHelloRetryChanged = "hello_retry_changed"
+	// ReasonHelloTrailing: the records of the ClientHello carry more
+	// handshake bytes than the hello (another hello packed behind it),
+	// which no client sends and no check would see.
+	ReasonHelloTrailing = "client_hello_trailing_data"
 )
+
+// errHelloTrailing: the ClientHello's records hold more than the hello.
+var errHelloTrailing = errors.New("client hello records carry further handshake data")
+
+// helloSpan returns how many bytes of buf the TLS records holding its first
+// handshake message (the ClientHello) take, and whether those records hold
+// that message and nothing more. buf starts with the first record.
+func helloSpan(buf []byte) (n int, clean bool) {
+	var hs []byte
+	for n+recordHeaderLen <= len(buf) && buf[n] == recordHandshake {
+		end := n + recordHeaderLen + (int(buf[n+3])<<8 | int(buf[n+4]))
+		if end > len(buf) {
+			break
+		}
+		hs = append(hs, buf[n+recordHeaderLen:end]...)
+		n = end
+		if len(hs) >= 4 {
+			if msg := 4 + (int(hs[1])<<16 | int(hs[2])<<8 | int(hs[3])); len(hs) >= msg {
+				return n, len(hs) == msg
+			}
+		}
+	}
+	return n, false
+}
 
 // TLS extension code points that hide or replace the server name: ECH
 // (RFC 9849), its outer-extensions compression, and draft ESNI (0xffce).
@@ -31,6 +59,9 @@ const (
 	extESNI         = 0xffce
 	recordHandshake = 22
 	recordCCS       = 20
+	recordAppData   = 23
+	// maxEarlyBytes bounds the records relayed ahead of a retried hello.
+	maxEarlyBytes   = 64 << 10
 	recordHeaderLen = 5
 	maxRecordLen    = 16384 + 2048
 )
@@ -68,6 +99,9 @@ func helloRefusal(h *tls.ClientHelloInfo, t egress.Target) string {
 func helloAccepted(rec *record, h *tls.ClientHelloInfo, err error, t egress.Target) bool {
 	if err != nil {
 		rec.verdict, rec.reason, rec.err = allowlist.Block, ReasonNotTLS, err
+		if errors.Is(err, errHelloTrailing) {
+			rec.reason = ReasonHelloTrailing
+		}
 		return false
 	}
 	if reason := helloRefusal(h, t); reason != "" {
@@ -116,8 +150,8 @@ func readServerHello(up io.Reader) (raw []byte, hrr bool, err error) {
 }
 
 // secondHello reads the client's answer to a HelloRetryRequest: optional
-// ChangeCipherSpec records (middlebox compatibility), then the second
-// ClientHello. It returns the bytes to relay and the parsed hello.
+// ChangeCipherSpec records (middlebox compatibility) and early data, then
+// the second ClientHello. It returns the bytes to relay and the parsed hello.
 func secondHello(client net.Conn) (*tls.ClientHelloInfo, []byte, net.Conn, error) {
 	var ccs []byte
 	for {
@@ -125,7 +159,11 @@ func secondHello(client net.Conn) (*tls.ClientHelloInfo, []byte, net.Conn, error
 		if _, err := io.ReadFull(client, hdr); err != nil {
 			return nil, ccs, client, err
 		}
-		if hdr[0] != recordCCS {
+		// Besides ChangeCipherSpec, the 0-RTT data a client sent behind
+		// its first hello (relayed after the origin's first answer, as all
+		// bytes behind a hello are), which a server that asked for a retry
+		// skips (RFC 8446 4.2.10).
+		if hdr[0] != recordCCS && hdr[0] != recordAppData {
 			client = withPrefix(client, hdr)
 			break
 		}
@@ -134,11 +172,11 @@ func secondHello(client net.Conn) (*tls.ClientHelloInfo, []byte, net.Conn, error
 		if err != nil {
 			return nil, ccs, client, err
 		}
-		if len(ccs) > 64 {
-			return nil, ccs, client, errors.New("change cipher spec records instead of a client hello")
+		if len(ccs) > maxEarlyBytes {
+			return nil, ccs, client, errors.New("change cipher spec and early data records instead of a client hello")
 		}
 	}
-	hello, raw, err := peekClientHello(client)
+	hello, raw, client, err := peekClientHello(client)
 	return hello, append(ccs, raw...), client, err
 }
 
