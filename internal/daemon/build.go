@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"time"
 
@@ -46,12 +47,26 @@ func (e listenError) Error() string        { return e.err.Error() }
 func (e listenError) Unwrap() error        { return e.err }
 func (e listenError) Is(target error) bool { return target == ErrListen }
 
+// atLeastTwoPs runs the process with at least two Ps (GOMAXPROCS) unless
+// the environment sets GOMAXPROCS: the DNS filter's UDP reader waits in a
+// system call holding a P (see dnsfilter's blockingConn), and on a host
+// or cgroup of one CPU a second P keeps the rest of the daemon running
+// meanwhile. With one P the filter stays in Go's poller instead.
+func atLeastTwoPs() {
+	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < 2 {
+		runtime.GOMAXPROCS(2)
+	}
+}
+
 // Run builds the data plane cfg describes (logs, policy, resolver, the
 // filters, CA and local API), serves until ctx ends or a part fails, and
 // then takes everything down in the reverse order it was built.
 func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.check(); err != nil {
 		return err
+	}
+	if cfg.DNS != nil {
+		atLeastTwoPs()
 	}
 	if cfg.CPUProfile != "" {
 		f, err := os.Create(cfg.CPUProfile)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
@@ -115,6 +116,9 @@ type harness struct {
 	addr  string
 	allow string
 	logs  *syncBuffer
+	// stop ends Serve (and Watch) and reports what Serve returned; the
+	// test's cleanup calls it if the test did not.
+	stop func() error
 }
 
 type syncBuffer struct {
@@ -239,19 +243,27 @@ func start(t *testing.T, o harnessOptions) *harness {
 	if o.watch {
 		waitWatching(t, pol, h.allow, o.allowlist)
 	}
-	t.Cleanup(func() {
-		cancel()
-		for range n {
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Serve/Watch returned %v after cancel, want nil", err)
+	var once sync.Once
+	var serveErr error
+	h.stop = func() error {
+		once.Do(func() {
+			cancel()
+			for range n {
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Errorf("Serve/Watch returned %v after cancel, want nil", err)
+						serveErr = err
+					}
+				case <-time.After(6 * time.Second):
+					t.Errorf("Serve did not return within 6s of cancel")
+					serveErr = errors.New("Serve did not return")
 				}
-			case <-time.After(6 * time.Second):
-				t.Errorf("Serve did not return within 6s of cancel")
 			}
-		}
-	})
+		})
+		return serveErr
+	}
+	t.Cleanup(func() { h.stop() })
 	return h
 }
 

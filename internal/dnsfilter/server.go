@@ -213,9 +213,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.base.Store(&ctx)
 	var servers []*dns.Server
 	g, gctx := errgroup.WithContext(ctx)
-	if c, bc, ok := batchable(s.pc); ok {
+	if u, ok := batchable(s.pc); ok {
 		g.Go(func() error {
-			if err := s.serveUDP(gctx, c, bc); err != nil && gctx.Err() == nil {
+			if err := s.serveUDP(gctx, u); err != nil && gctx.Err() == nil {
 				return fmt.Errorf("serving dns: %w", err)
 			}
 			return nil

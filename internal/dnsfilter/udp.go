@@ -46,39 +46,79 @@ type batchConn interface {
 	WriteBatch(ms []ipv4.Message, flags int) (int, error)
 }
 
+// udpSocket is a socket served in batches.
+type udpSocket struct {
+	batchConn
+	// send sends one answer; any goroutine may call it.
+	send func(b []byte, to netip.AddrPort) error
+	// stop makes the readers' reads fail soon; close releases the socket
+	// once they returned.
+	stop, close func()
+	// poller: the socket is served through Go's poller (not detached).
+	poller bool
+}
+
 // batchable returns pc as a UDP socket to serve in batches: one bound to a
-// single address (not a wildcard).
-func batchable(pc net.PacketConn) (*net.UDPConn, batchConn, bool) {
+// single address (not a wildcard). The socket is taken out of Go's poller
+// when it can be (see blockingConn) and the process runs at least two Ps
+// (GOMAXPROCS): a blocked reader holds its P in the system call, and with
+// one P the rest of the process (the HTTP proxy of the same daemon, the
+// queries waiting on the upstream) would wait for the runtime's monitor to
+// take it back, up to 10 ms later. Otherwise the socket is served through
+// the poller.
+func batchable(pc net.PacketConn) (*udpSocket, bool) {
 	c, ok := pc.(*net.UDPConn)
 	if !ok {
-		return nil, nil, false
+		return nil, false
 	}
 	la, ok := c.LocalAddr().(*net.UDPAddr)
 	if !ok || la.IP.IsUnspecified() {
-		return nil, nil, false
+		return nil, false
 	}
-	if la.IP.To4() != nil {
-		return c, ipv4.NewPacketConn(c), true
+	if runtime.GOMAXPROCS(0) >= 2 {
+		if u, err := detached(c, la); err == nil {
+			return u, true
+		}
 	}
-	return c, ipv6.NewPacketConn(c), true
+	return &udpSocket{
+		batchConn: packetConn(c, la),
+		send:      func(b []byte, to netip.AddrPort) error { _, err := c.WriteToUDPAddrPort(b, to); return err },
+		stop:      func() { c.SetReadDeadline(time.Unix(1, 0)) },
+		close:     func() { c.Close() },
+		poller:    true,
+	}, true
 }
 
-// serveUDP answers the datagrams of c until ctx ends, then waits up to
-// five seconds for the queries still waiting on the upstream.
-func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn, bc batchConn) error {
+// packetConn wraps c, bound to la, in x/net's PacketConn of la's family.
+func packetConn(c net.PacketConn, la *net.UDPAddr) batchConn {
+	if la.IP.To4() != nil {
+		return ipv4.NewPacketConn(c)
+	}
+	return ipv6.NewPacketConn(c)
+}
+
+// serveUDP answers the datagrams of u until ctx ends, then waits up to
+// five seconds for the queries still waiting on the upstream, and closes u.
+func (s *Server) serveUDP(ctx context.Context, u *udpSocket) error {
 	var pending sync.WaitGroup
-	stop := context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, u.stop)
 	defer stop()
-	readers := min(runtime.GOMAXPROCS(0), maxUDPReaders)
+	// Readers blocked in a receive hold a P each: one P is always left
+	// to the rest of the process.
+	readers := runtime.GOMAXPROCS(0)
+	if !u.poller {
+		readers--
+	}
+	readers = min(max(readers, 1), maxUDPReaders)
 	errs := make(chan error, readers)
 	for range readers {
-		go func() { errs <- s.readUDP(ctx, c, bc, &pending) }()
+		go func() { errs <- s.readUDP(ctx, u, &pending) }()
 	}
 	var err error
 	for range readers {
 		if e := <-errs; e != nil && err == nil {
 			err = e
-			c.SetReadDeadline(time.Unix(1, 0)) // stop the other readers
+			u.stop() // stop the other readers
 		}
 	}
 	done := make(chan struct{})
@@ -87,6 +127,7 @@ func (s *Server) serveUDP(ctx context.Context, c *net.UDPConn, bc batchConn) err
 	case <-done:
 	case <-time.After(5 * time.Second):
 	}
+	u.close()
 	return err
 }
 
@@ -99,7 +140,7 @@ type udpSlot struct {
 
 // readUDP is one reading goroutine: read a batch, answer what can be
 // answered now, send those answers in one call, repeat.
-func (s *Server) readUDP(ctx context.Context, c *net.UDPConn, bc batchConn, pending *sync.WaitGroup) error {
+func (s *Server) readUDP(ctx context.Context, u *udpSocket, pending *sync.WaitGroup) error {
 	in := make([]ipv4.Message, udpBatch)
 	out := make([]ipv4.Message, 0, udpBatch)
 	slots := make([]udpSlot, udpBatch)
@@ -110,17 +151,20 @@ func (s *Server) readUDP(ctx context.Context, c *net.UDPConn, bc batchConn, pend
 		in[i].Buffers = [][]byte{slots[i].in}
 	}
 	for {
-		n, err := bc.ReadBatch(in, 0)
+		n, err := u.ReadBatch(in, recvFlags)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, net.ErrClosed) {
 				return nil // stopped by a sibling reader's failure
 			}
-			if errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ECONNREFUSED) {
-				continue // transient; ECONNREFUSED is an ICMP error of an earlier answer
+			if errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EINTR) {
+				// Transient. ECONNREFUSED is an ICMP error of an earlier
+				// answer; EINTR a signal during a receive with a timeout,
+				// which the kernel does not restart.
+				continue
 			}
 			return err
 		}
@@ -137,7 +181,7 @@ func (s *Server) readUDP(ctx context.Context, c *net.UDPConn, bc batchConn, pend
 				pending.Add(1)
 				go func() {
 					defer pending.Done()
-					s.finishUDP(ctx, c, from, p)
+					s.finishUDP(ctx, u, from, p)
 				}()
 				continue
 			}
@@ -154,7 +198,7 @@ func (s *Server) readUDP(ctx context.Context, c *net.UDPConn, bc batchConn, pend
 			slots[i].bufs[0] = b
 			out = append(out, ipv4.Message{Buffers: slots[i].bufs, Addr: m.Addr})
 		}
-		s.sendUDP(bc, out)
+		s.sendUDP(u, out)
 	}
 }
 
@@ -163,6 +207,12 @@ func (s *Server) readUDP(ctx context.Context, c *net.UDPConn, bc batchConn, pend
 func (s *Server) sendUDP(bc batchConn, out []ipv4.Message) {
 	for len(out) > 0 {
 		n, err := bc.WriteBatch(out, 0)
+		if errors.Is(err, syscall.EINTR) {
+			// A signal before anything was sent (a send with a timeout
+			// is not restarted): again.
+			out = out[max(n, 0):]
+			continue
+		}
 		if err != nil {
 			// The first message failed (an unreachable client, a full
 			// buffer): count it and go on with the rest.
@@ -182,12 +232,12 @@ type udpPending struct {
 }
 
 // finishUDP completes a query that went upstream and sends its answer.
-func (s *Server) finishUDP(ctx context.Context, c *net.UDPConn, to netip.AddrPort, up *udpPending) {
+func (s *Server) finishUDP(ctx context.Context, u *udpSocket, to netip.AddrPort, up *udpPending) {
 	resp, d := s.finish(ctx, up.req, up.p, up.d)
 	resp = s.conclude(up.client, "udp", up.req, resp, d)
 	b, err := resp.Pack()
 	if err == nil {
-		_, err = c.WriteToUDPAddrPort(b, to)
+		err = u.send(b, to)
 	}
 	if err != nil {
 		s.st.writeErrors.Add(1)

@@ -179,3 +179,33 @@ func TestServesIPv6Socket(t *testing.T) {
 		t.Errorf("over ::1: rcode %s, want NXDOMAIN", rcode(r))
 	}
 }
+
+// TestUDPSocketReleasedOnStop: once Serve returns, the UDP socket is
+// closed (its port can be bound again) and answers nothing more, whether
+// it was served out of Go's poller (blocking, stopped by its receive
+// timeout) or through it.
+func TestUDPSocketReleasedOnStop(t *testing.T) {
+	for _, listen := range []string{"127.0.0.1:0", "[::1]:0"} {
+		t.Run(listen, func(t *testing.T) {
+			if listen[0] == '[' {
+				pc, err := net.ListenPacket("udp", listen)
+				if err != nil {
+					t.Skipf("no IPv6 loopback: %v", err)
+				}
+				pc.Close()
+			}
+			h := start(t, harnessOptions{listen: listen})
+			if r := h.ask(t, "example.com", dns.TypeA); rcode(r) != "NOERROR" {
+				t.Fatalf("before the stop: rcode %s, want NOERROR", rcode(r))
+			}
+			if err := h.stop(); err != nil {
+				t.Fatal(err)
+			}
+			pc, err := net.ListenPacket("udp", h.addr)
+			if err != nil {
+				t.Fatalf("after Serve returned, the UDP port is still held: %v", err)
+			}
+			pc.Close()
+		})
+	}
+}
