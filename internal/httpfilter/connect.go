@@ -263,7 +263,8 @@ func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target,
 			return p.cfg.CA.Leaf(t.Host())
 		},
 	}
-	tc := tls.Server(client, cfg)
+	fc := newCoalescedServer(client, cfg)
+	tc := fc.Conn
 	hctx, cancel := context.WithTimeout(ctx, p.cfg.HandshakeTimeout)
 	err := tc.HandshakeContext(hctx)
 	cancel()
@@ -281,15 +282,15 @@ func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target,
 	sc.sni = cs.ServerName
 	rec.sni = cs.ServerName
 	if cs.NegotiatedProtocol == "h2" {
-		p.h2.ServeConn(tc, &http2.ServeConnOpts{
+		p.h2.ServeConn(fc, &http2.ServeConnOpts{
 			Context:    context.WithValue(ctx, scopeKey{}, sc),
 			Handler:    http.HandlerFunc(p.serveInner),
 			BaseConfig: p.inner,
 		})
-		tc.Close()
+		fc.Close()
 		return
 	}
-	p.serveInnerH1(ctx, tc, sc)
+	p.serveInnerH1(ctx, fc, sc)
 }
 
 // serveInnerH1 hands an intercepted HTTP/1.1 connection to the inner server

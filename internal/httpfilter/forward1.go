@@ -209,6 +209,8 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 	var rerr, werr error
 	if !u.key.tls && resp.ContentLength >= spliceMin && out.Method != http.MethodHead {
 		rerr, werr = spliceResponse(w, u, resp.ContentLength)
+	} else if u.rb != nil && resp.ContentLength >= spliceMin {
+		rerr, werr = relayBulk(w, resp, u)
 	} else {
 		rerr, werr = relayBody(w, resp)
 	}
@@ -296,7 +298,19 @@ func relayBody(w *countingWriter, resp *http.Response) (rerr, werr error) {
 	flush := resp.ContentLength == -1 || isEventStream(resp.Header)
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
-	return copyBody(w, resp.Body, *bp, flush)
+	return copyBody(w, resp.Body, *bp, flush, nil)
+}
+
+// relayBulk streams a large body of known length from an upstream TLS
+// connection: each write to the guest carries every record that had
+// already arrived, up to bulkBufs' size, so the guest's own TLS layer
+// writes them at once. It never waits for the network while it holds
+// bytes not yet written.
+func relayBulk(w *countingWriter, resp *http.Response, u *upConn) (rerr, werr error) {
+	bp := bulkBufs.Get().(*[]byte)
+	defer bulkBufs.Put(bp)
+	more := func() bool { return u.br.Buffered() > 0 || u.rb.recordReady() }
+	return copyBody(w, resp.Body, *bp, false, more)
 }
 
 // relayTrailers sets the trailers that arrived with the body.
@@ -333,10 +347,17 @@ func spliceResponse(w *countingWriter, u *upConn, n int64) (rerr, werr error) {
 }
 
 // copyBody streams the response body; rerr is the origin's failure, werr
-// the guest's.
-func copyBody(w *countingWriter, body io.Reader, buf []byte, flush bool) (rerr, werr error) {
+// the guest's. When more is set, a read is followed by further reads into
+// the rest of buf for as long as more reports bytes that can be read
+// without waiting.
+func copyBody(w *countingWriter, body io.Reader, buf []byte, flush bool, more func() bool) (rerr, werr error) {
 	for {
 		k, err := body.Read(buf)
+		for err == nil && more != nil && k < len(buf) && more() {
+			var m int
+			m, err = body.Read(buf[k:])
+			k += m
+		}
 		if k > 0 {
 			if _, e := w.Write(buf[:k]); e != nil {
 				return nil, e

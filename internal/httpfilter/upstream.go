@@ -50,6 +50,7 @@ type upConn struct {
 	t      egress.Target // what it was opened for (revocation)
 	c      net.Conn      // the idleConn, or a tls.Conn over it
 	raw    *idleConn
+	rb     *readBuf    // under the tls.Conn (TLS only)
 	lim    limitReader // between br and c: bounds the response header
 	br     *bufio.Reader
 	bw     *bufio.Writer
@@ -157,6 +158,9 @@ func (p *upstreamPool) put(u *upConn) {
 	if !u.pooled {
 		u.close()
 		return
+	}
+	if u.rb != nil {
+		u.rb.idle()
 	}
 	u.idleAt = time.Now()
 	p.mu.Lock()
@@ -287,7 +291,8 @@ func (p *Proxy) dialUpstreamConn(ctx context.Context, st *fwdState) (*upConn, *h
 	if useTLS {
 		cfg := p.upTLS.Clone()
 		cfg.ServerName = t.Host()
-		tc := tls.Client(raw, cfg)
+		u.rb = &readBuf{Conn: raw}
+		tc := tls.Client(u.rb, cfg)
 		hctx, cancel := context.WithTimeout(ctx, p.cfg.HandshakeTimeout)
 		err := tc.HandshakeContext(hctx)
 		cancel()

@@ -1,0 +1,218 @@
+package httpfilter
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// countingConn counts the writes that reach the connection.
+type countingConn struct {
+	net.Conn
+	writes atomic.Int64
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// tlsPair is a TCP connection with a coalesced TLS server on one end and a
+// plain tls.Client on the other.
+func tlsPair(t *testing.T) (*flushConn, *countingConn, *tls.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		acc <- c
+	}()
+	cc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := <-acc
+	if sc == nil {
+		t.Fatal("accept failed")
+	}
+	oca := testOriginCA(t)
+	leaf, err := oca.Leaf("pair.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cnt := &countingConn{Conn: sc}
+	fc := newCoalescedServer(cnt, &tls.Config{Certificates: []tls.Certificate{*leaf}})
+	oc, err := oca.Certificate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(oc)
+	client := tls.Client(cc, &tls.Config{ServerName: "pair.test", RootCAs: roots})
+	t.Cleanup(func() { fc.Close(); client.Close() })
+	errc := make(chan error, 1)
+	go func() { errc <- fc.Handshake() }()
+	if err := client.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	return fc, cnt, client
+}
+
+// TestCoalescerHoldsNothingAfterWrite: every Write through a coalesced TLS
+// connection has handed all its bytes to the socket when it returns (the
+// peer reads them with nothing more written), in order and byte for byte,
+// whether it was gathered or went straight through; a large Write takes
+// one socket write, not one per record.
+func TestCoalescerHoldsNothingAfterWrite(t *testing.T) {
+	fc, cnt, client := tlsPair(t)
+	// Write sizes around every threshold: below coalesceMin (straight
+	// through), one record, many records, and more than coalesceBuf.
+	sizes := []int{1, coalesceMin - 1, coalesceMin, 16 << 10, 16<<10 + 1, 100 << 10, 256 << 10, coalesceBuf + 70<<10, 3, 1 << 20}
+	all := pattern(4 << 20)
+	off := 0
+	br := make([]byte, 1<<20)
+	for _, n := range sizes {
+		b := all[off : off+n]
+		off += n
+		before := cnt.writes.Load()
+		w, err := fc.Write(b)
+		if err != nil || w != n {
+			t.Fatalf("Write(%d) = %d, %v", n, w, err)
+		}
+		if h := fc.co.held(); h != 0 {
+			t.Fatalf("after Write(%d) returned, %d bytes are still held by the coalescer", n, h)
+		}
+		if n == 256<<10 {
+			if k := cnt.writes.Load() - before; k > 1 {
+				t.Errorf("a 256 KiB write took %d socket writes; want them gathered into 1", k)
+			}
+		}
+		// Nothing else is written until the peer has read all of b: bytes
+		// held back would never arrive. The deadline only ends a hang.
+		client.SetReadDeadline(time.Now().Add(20 * time.Second))
+		if _, err := io.ReadFull(client, br[:n]); err != nil {
+			t.Fatalf("reading the %d bytes of a returned Write: %v", n, err)
+		}
+		if !bytes.Equal(br[:n], b) {
+			t.Fatalf("the %d bytes of a Write arrived altered or out of order", n)
+		}
+	}
+}
+
+// TestCoalescerErrorIsSticky: once the socket fails, the Write that hit it
+// and every later one report an error and nothing stays gathered.
+func TestCoalescerErrorIsSticky(t *testing.T) {
+	fc, cnt, _ := tlsPair(t)
+	cnt.Conn.Close()
+	for i := 0; i < 2; i++ {
+		if n, err := fc.Write(pattern(200 << 10)); err == nil {
+			t.Fatalf("write %d to a closed socket: %d bytes, no error", i, n)
+		}
+		if h := fc.co.held(); h != 0 {
+			t.Fatalf("%d bytes held after a failed write", h)
+		}
+	}
+}
+
+// TestInterceptedBulkBody: a large body of known length from an HTTPS
+// origin reaches the intercepted guest byte for byte (twice, over one
+// upstream connection that the large reads leave reusable); a body the
+// origin cuts short arrives broken; and bytes already received from the
+// origin are passed on while the origin pauses mid-body, never held until
+// more arrive.
+func TestInterceptedBulkBody(t *testing.T) {
+	const size = 3<<20 + 12345
+	body := pattern(size)
+	const first = 200 << 10
+	received := make(chan struct{})
+	paused := make(chan bool, 1)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/pattern", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		w.Write(body)
+	})
+	mux.HandleFunc("/pause", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		w.Write(body[:first])
+		w.(http.Flusher).Flush()
+		select {
+		case <-received:
+			paused <- true
+		case <-time.After(30 * time.Second): // only ends a hang
+			paused <- false
+		}
+		w.Write(body[first:])
+	})
+	mux.HandleFunc("/cut", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		w.Write(body[:size/3])
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	})
+	h := newHarness(t, hopts{allow: []string{"origin.test"}})
+	o := startOriginWith(t, "bulk", "", true, false, mux)
+	h.allowOrigin("origin.test", o, port(t, o.Server))
+	base := "https://origin.test:" + port(t, o.Server)
+	c := h.client(false)
+	want := sha256.Sum256(body)
+	for i := 0; i < 2; i++ {
+		resp, err := c.Get(base + "/pattern")
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := sha256.New()
+		n, err := io.Copy(hs, resp.Body)
+		resp.Body.Close()
+		if err != nil || n != size || [32]byte(hs.Sum(nil)) != want {
+			t.Fatalf("download %d: %d bytes, err %v, digest match %v; want %d exact bytes", i, n, err, [32]byte(hs.Sum(nil)) == want, size)
+		}
+	}
+	if n := o.opened.Load(); n != 1 {
+		t.Errorf("origin saw %d connections for two downloads, want 1 (reused after a bulk body)", n)
+	}
+
+	resp, err := c.Get(base + "/pause")
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	got := make([]byte, first)
+	if _, err := io.ReadFull(br, got); err != nil || !bytes.Equal(got, body[:first]) {
+		t.Fatalf("first part of a paused body: %v, exact %v", err, bytes.Equal(got, body[:first]))
+	}
+	close(received)
+	if !<-paused {
+		t.Fatal("the origin's first bytes never reached the guest while it paused: the proxy held them")
+	}
+	rest, err := io.ReadAll(br)
+	resp.Body.Close()
+	if err != nil || !bytes.Equal(rest, body[first:]) {
+		t.Fatalf("rest of the paused body: %d bytes, %v", len(rest), err)
+	}
+
+	resp, err = c.Get(base + "/cut")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err == nil || n >= size {
+		t.Errorf("a body cut short by the origin arrived as %d bytes with err %v; want a broken response", n, err)
+	}
+}
