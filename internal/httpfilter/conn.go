@@ -3,11 +3,9 @@ package httpfilter
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,13 +58,6 @@ func (c *idleConn) Write(b []byte) (int, error) {
 		c.tx.Add(int64(n))
 	}
 	return n, err
-}
-
-// moved accounts bytes that bypassed Read and Write (spliced in the kernel).
-func (c *idleConn) moved(rx, tx int64) {
-	c.last.Store(time.Now().UnixNano())
-	c.rx.Add(rx)
-	c.tx.Add(tx)
 }
 
 func (c *idleConn) Close() error {
@@ -230,20 +221,31 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, bigBuf); return &b 
 const (
 	smallBuf = 2 << 10
 	bigBuf   = 64 << 10
+	// bulkBuf is one read of a bulk transfer (a tunnel, a large plain
+	// body, an intercepted one). Large reads and writes matter more than
+	// the copy: on loopback, moving the bytes in 512 KiB pieces costs the
+	// sending origin and the receiving client less CPU per byte than
+	// splice(2) did, and the proxy's copy is cheaper than their extra work.
+	bulkBuf = 512 << 10
 )
+
+// bulkBufs hold the pieces of bulk transfers; a buffer is taken while the
+// transfer fills it and given back when it slows down or ends.
+var bulkBufs = sync.Pool{New: func() any { b := make([]byte, bulkBuf); return &b }}
 
 // copyHalf copies src to dst, then half-closes dst. An idle tunnel should
 // cost little, so a direction starts with a small buffer; while reads fill
-// it (a bulk transfer) the bytes move inside the kernel (splice(2)) when both
-// ends are plain TCP, else through a large pooled buffer. Either goes back
-// to the small buffer as soon as the flow slows down.
+// it (a bulk transfer) the bytes go through a large pooled one (bulkBufs),
+// and back to the small buffer as soon as the flow slows down. Every byte
+// passes through both idleConns' Read and Write, which keep the idle
+// timeout and the byte counts, and through the guest connection's guard.
 func copyHalf(dst, src net.Conn) int64 {
 	small := make([]byte, smallBuf)
 	buf := small
 	var big *[]byte
 	defer func() {
 		if big != nil {
-			copyBufs.Put(big)
+			bulkBufs.Put(big)
 		}
 	}()
 	var total int64
@@ -264,22 +266,13 @@ func copyHalf(dst, src net.Conn) int64 {
 		}
 		switch {
 		case big == nil && n == len(buf):
-			if sn, serr, stalled, ok := spliceHalf(dst, src); ok {
-				total += sn
-				if !stalled {
-					err = serr
-					goto done
-				}
-				continue
-			}
-			big = copyBufs.Get().(*[]byte)
+			big = bulkBufs.Get().(*[]byte)
 			buf = *big
 		case big != nil && n < smallBuf:
-			copyBufs.Put(big)
+			bulkBufs.Put(big)
 			big, buf = nil, small
 		}
 	}
-done:
 	if err == io.EOF {
 		err = nil
 	}
@@ -288,93 +281,6 @@ done:
 		src.Close()
 	}
 	return total
-}
-
-const (
-	// spliceChunk bounds one splice call, so byte counts stay current.
-	spliceChunk = 4 << 20
-	// maxSpliceSlice bounds how long one splice call may wait: the idle
-	// accounting sees progress at least this often.
-	maxSpliceSlice = time.Second
-)
-
-// spliceHalf moves bytes from src to dst with splice(2) while they keep
-// coming, when both are TCP connections the proxy owns (an h1 guard only once
-// it passes bytes through unparsed). Each call is bounded by a read deadline
-// of a fraction of the idle timeout, after which the bytes it moved count as
-// activity; a slice that moved nothing ends the bulk phase (stalled) and the
-// caller goes back to buffered reads, so an idle tunnel holds no pipe and no
-// deadline. ok is false when splicing is not possible; err is the error that
-// ended the direction (nil at EOF) when not stalled.
-func spliceHalf(dst, src net.Conn) (total int64, err error, stalled, ok bool) {
-	dt, di := rawTCP(dst, false)
-	st, si := rawTCP(src, true)
-	if dt == nil || st == nil {
-		return 0, nil, false, false
-	}
-	slice := maxSpliceSlice
-	if si.idle > 0 {
-		slice = min(slice, max(si.idle/4, time.Millisecond))
-	}
-	if di.idle > 0 {
-		slice = min(slice, max(di.idle/4, time.Millisecond))
-	}
-	defer st.SetReadDeadline(time.Time{})
-	for {
-		if err := st.SetReadDeadline(time.Now().Add(slice)); err != nil {
-			return total, err, false, true
-		}
-		lr := &io.LimitedReader{R: st, N: spliceChunk}
-		n, err := dt.ReadFrom(lr)
-		if n > 0 {
-			total += n
-			si.moved(n, 0)
-			di.moved(0, n)
-		}
-		switch {
-		case err != nil && errors.Is(err, os.ErrDeadlineExceeded):
-			if n == 0 {
-				return total, nil, true, true
-			}
-		case err != nil:
-			return total, err, false, true
-		case lr.N > 0:
-			return total, nil, false, true // EOF
-		}
-	}
-}
-
-// rawTCP finds the TCP connection under one end of a tunnel and the idleConn
-// that accounts for it. A reading end behind an h1 guard qualifies only once
-// the guard has stopped parsing (after the CONNECT), a writing end only if
-// the guard has not refused; anything else (replayed prefix bytes, a custom
-// dialer's connection) goes through Read and Write.
-func rawTCP(c net.Conn, reading bool) (*net.TCPConn, *idleConn) {
-	for {
-		switch v := c.(type) {
-		case *h1Guard:
-			if reading && v.st != stPass {
-				return nil, nil
-			}
-			if !reading {
-				v.wmu.Lock()
-				rejected := v.rejected
-				v.wmu.Unlock()
-				if rejected {
-					return nil, nil
-				}
-			}
-			c = v.Conn
-		case *idleConn:
-			tc, ok := v.Conn.(*net.TCPConn)
-			if !ok {
-				return nil, nil
-			}
-			return tc, v
-		default:
-			return nil, nil
-		}
-	}
 }
 
 func closeWrite(c net.Conn) error {

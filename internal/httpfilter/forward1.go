@@ -207,9 +207,9 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 
 	relayHeader(w, resp)
 	var rerr, werr error
-	if !u.key.tls && resp.ContentLength >= spliceMin && out.Method != http.MethodHead {
-		rerr, werr = spliceResponse(w, u, resp.ContentLength)
-	} else if u.rb != nil && resp.ContentLength >= spliceMin {
+	if !u.key.tls && resp.ContentLength >= bulkMin && out.Method != http.MethodHead {
+		rerr, werr = relayRawBody(w, u, resp.ContentLength)
+	} else if u.rb != nil && resp.ContentLength >= bulkMin {
 		rerr, werr = relayBulk(w, resp, u)
 	} else {
 		rerr, werr = relayBody(w, resp)
@@ -321,11 +321,12 @@ func relayTrailers(w *countingWriter, resp *http.Response) {
 	}
 }
 
-// spliceResponse sends a plain-HTTP body of n bytes: what the header read
-// buffered, then the rest straight from the upstream connection, inside the
-// kernel when the guest's connection is plain TCP. The response's own body
-// reader is bypassed; the connection ends exactly after the body.
-func spliceResponse(w *countingWriter, u *upConn, n int64) (rerr, werr error) {
+// relayRawBody sends a plain-HTTP body of n bytes: what the header read
+// buffered, then the rest straight from the upstream connection to the
+// guest's, in large pieces when the guest's connection takes a rawBody
+// (h1Guard.ReadFrom). The response's own body reader is bypassed; the
+// connection ends exactly after the body.
+func relayRawBody(w *countingWriter, u *upConn, n int64) (rerr, werr error) {
 	if k := min(int64(u.br.Buffered()), n); k > 0 {
 		b, _ := u.br.Peek(int(k))
 		if _, err := w.Write(b); err != nil {
@@ -334,9 +335,9 @@ func spliceResponse(w *countingWriter, u *upConn, n int64) (rerr, werr error) {
 		u.br.Discard(int(k))
 		n -= k
 	}
-	sb := &spliceBody{src: u.raw, n: n}
-	_, err := w.ReadFrom(sb)
-	if err == nil && sb.n > 0 {
+	rb := &rawBody{src: u.raw, n: n}
+	_, err := w.ReadFrom(rb)
+	if err == nil && rb.n > 0 {
 		err = io.ErrUnexpectedEOF
 	}
 	if err != nil {

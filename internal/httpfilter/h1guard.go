@@ -24,7 +24,7 @@ type h1Guard struct {
 
 	wmu      sync.Mutex     // serialises Write with the guard's own refusal
 	rejected bool           // guarded by wmu
-	spliced  *atomic.Uint64 // counts bodies moved in the kernel (ReadFrom); never nil
+	bulk     *atomic.Uint64 // counts bodies relayed by ReadFrom; never nil
 
 	st       h1State
 	line     []byte
@@ -59,11 +59,11 @@ type guardReject struct {
 }
 
 func newH1Guard(c net.Conn, maxHeader int, onReject func(string)) *h1Guard {
-	return &h1Guard{Conn: c, maxHeader: maxHeader, first: true, onReject: onReject, spliced: &noSplices}
+	return &h1Guard{Conn: c, maxHeader: maxHeader, first: true, onReject: onReject, bulk: &noBulk}
 }
 
-// noSplices counts for guards nobody asks (intercepted connections).
-var noSplices atomic.Uint64
+// noBulk counts for guards nobody asks (intercepted connections).
+var noBulk atomic.Uint64
 
 func (g *h1Guard) Read(p []byte) (int, error) {
 	n, err := g.Conn.Read(p)

@@ -359,7 +359,7 @@ func (p *Proxy) track(c net.Conn, release func()) net.Conn {
 	p.conns[ic] = struct{}{}
 	p.connsMu.Unlock()
 	g := newH1Guard(ic, p.cfg.MaxHeaderBytes, func(reason string) { p.guardRefused(c.RemoteAddr().String(), "", reason) })
-	g.spliced = &p.stats.splicedBodies
+	g.bulk = &p.stats.bulkBodies
 	return g
 }
 
@@ -462,10 +462,11 @@ type stats struct {
 	// policyChanges counts the allowlist or mode changes whose revocation
 	// pass has run.
 	policyChanges atomic.Uint64
-	// splicedBodies counts plain-HTTP response bodies moved by splice(2).
-	splicedBodies atomic.Uint64
-	mu            sync.Mutex
-	blocked       map[string]uint64
+	// bulkBodies counts plain-HTTP response bodies relayed straight
+	// between the connections (h1Guard.ReadFrom).
+	bulkBodies atomic.Uint64
+	mu         sync.Mutex
+	blocked    map[string]uint64
 }
 
 // Stats is the JSON snapshot served by the local API (abox http status).

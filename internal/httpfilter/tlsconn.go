@@ -151,9 +151,7 @@ const (
 	maxTLSRecord = 5 + 16<<10 + 256
 )
 
-// bulkBufs hold large reads: readBuf's, and the copy of a large body out of
-// an upstream TLS connection.
-var bulkBufs = sync.Pool{New: func() any { b := make([]byte, readBufSize); return &b }}
+var readBufs = sync.Pool{New: func() any { b := make([]byte, readBufSize); return &b }}
 
 // readBuf is the connection under an upstream tls.Conn. It passes reads
 // through until one fills the reader's buffer (the peer is sending in
@@ -177,7 +175,7 @@ func (c *readBuf) Read(p []byte) (int, error) {
 	if c.big == nil {
 		n, err := c.Conn.Read(p)
 		if n == len(p) && n >= 1<<10 {
-			c.big, c.keep = bulkBufs.Get().(*[]byte), true
+			c.big, c.keep = readBufs.Get().(*[]byte), true
 		}
 		return n, err
 	}
@@ -202,7 +200,7 @@ func (c *readBuf) serve(p []byte) int {
 
 func (c *readBuf) release() {
 	if c.big != nil {
-		bulkBufs.Put(c.big)
+		readBufs.Put(c.big)
 		c.big, c.r, c.w = nil, 0, 0
 	}
 }

@@ -34,14 +34,14 @@ func tcpPair(t *testing.T) (net.Conn, net.Conn) {
 	return c, s
 }
 
-// TestSpliceTunnel relays a bulk transfer and then a trickle through pipe
-// with both ends wrapped as in a real tunnel (guard after CONNECT, idle
-// timeout): the bytes arrive intact, are counted on both idleConns, and the
-// trickle after the bulk phase (gaps longer than a splice slice, shorter
-// than the idle timeout) keeps the tunnel open.
-func TestSpliceTunnel(t *testing.T) {
-	// The margins are wide (a gap is 0.6s, a slice 0.4s, the timeout 1.6s)
-	// so that a loaded machine's scheduling delays do not close the tunnel.
+// TestTunnelBulkThenTrickle relays a bulk transfer and then a trickle
+// through pipe with both ends wrapped as in a real tunnel (guard after
+// CONNECT, idle timeout): the bytes arrive intact, are counted on both
+// idleConns, and the trickle after the bulk phase (gaps shorter than the
+// idle timeout, back on the small buffer) keeps the tunnel open.
+func TestTunnelBulkThenTrickle(t *testing.T) {
+	// The margins are wide (a gap is 0.6s, the timeout 1.6s) so that a
+	// loaded machine's scheduling delays do not close the tunnel.
 	const idle = 1600 * time.Millisecond
 	guest, clientEnd := tcpPair(t)
 	upEnd, origin := tcpPair(t)
@@ -49,16 +49,6 @@ func TestSpliceTunnel(t *testing.T) {
 	g := newH1Guard(cic, 64<<10, nil)
 	g.st = stPass // as after a CONNECT
 	uic := newIdleConn(upEnd, idle, nil)
-	if tc, _ := rawTCP(g, true); tc == nil {
-		t.Fatal("guard in pass mode should expose its TCP connection")
-	}
-	if tc, _ := rawTCP(withPrefix(g, []byte("x")), true); tc != nil {
-		t.Fatal("a connection with replayed bytes must not be spliced")
-	}
-	g2 := newH1Guard(cic, 64<<10, nil)
-	if tc, _ := rawTCP(g2, true); tc != nil {
-		t.Fatal("a guard that still parses must not be bypassed")
-	}
 
 	payload := make([]byte, 16<<20)
 	rand.Read(payload)
@@ -94,9 +84,9 @@ func TestSpliceTunnel(t *testing.T) {
 	}
 }
 
-// TestSpliceIdleStillCloses: a spliced tunnel that goes quiet is closed by
-// the idle timeout as before.
-func TestSpliceIdleStillCloses(t *testing.T) {
+// TestTunnelBulkIdleStillCloses: a tunnel that goes quiet after a bulk
+// transfer is closed by the idle timeout.
+func TestTunnelBulkIdleStillCloses(t *testing.T) {
 	const idle = 300 * time.Millisecond
 	guest, clientEnd := tcpPair(t)
 	upEnd, origin := tcpPair(t)

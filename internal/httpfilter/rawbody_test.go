@@ -19,11 +19,11 @@ func pattern(n int) []byte {
 	return b
 }
 
-// TestSplicedBodyExact: a large plain-HTTP body moved inside the kernel
-// arrives byte for byte, the upstream connection is reused after it, and a
-// body the origin cuts short reaches the guest as a broken response, never
-// as a whole one.
-func TestSplicedBodyExact(t *testing.T) {
+// TestBulkBodyExact: a large plain-HTTP body relayed straight between the
+// connections (h1Guard.ReadFrom) arrives byte for byte, the upstream
+// connection is reused after it, and a body the origin cuts short reaches
+// the guest as a broken response, never as a whole one.
+func TestBulkBodyExact(t *testing.T) {
 	const size = 3<<20 + 12345
 	body := pattern(size)
 	mux := http.NewServeMux()
@@ -62,11 +62,11 @@ func TestSplicedBodyExact(t *testing.T) {
 			t.Fatalf("download %d: %d bytes, err %v, digest match %v; want %d exact bytes", i, n, err, [32]byte(hs.Sum(nil)) == want, size)
 		}
 	}
-	if got := h.p.stats.splicedBodies.Load(); got != 2 {
-		t.Errorf("%d bodies spliced, want 2", got)
+	if got := h.p.stats.bulkBodies.Load(); got != 2 {
+		t.Errorf("%d bodies relayed in bulk, want 2", got)
 	}
 	if n := o.opened.Load(); n != 1 {
-		t.Errorf("origin saw %d connections for two downloads, want 1 (reused after a spliced body)", n)
+		t.Errorf("origin saw %d connections for two downloads, want 1 (reused after a bulk body)", n)
 	}
 
 	fmt.Fprintf(c, "GET http://origin.test:%s/cut HTTP/1.1\r\nHost: origin.test\r\n\r\n", port(t, o.Server))
