@@ -19,6 +19,19 @@ func pattern(n int) []byte {
 	return b
 }
 
+// wantExact reads resp's body and fails download i unless it is body,
+// byte for byte.
+func wantExact(t *testing.T, i int, resp *http.Response, body []byte) {
+	t.Helper()
+	hs := sha256.New()
+	n, err := io.Copy(hs, resp.Body)
+	resp.Body.Close()
+	match := [32]byte(hs.Sum(nil)) == sha256.Sum256(body)
+	if err != nil || n != int64(len(body)) || !match {
+		t.Fatalf("download %d: %d bytes, err %v, digest match %v; want %d exact bytes", i, n, err, match, len(body))
+	}
+}
+
 // TestBulkBodyExact: a large plain-HTTP body relayed straight between the
 // connections (h1Guard.ReadFrom) arrives byte for byte, the upstream
 // connection is reused after it, and a body the origin cuts short reaches
@@ -44,8 +57,6 @@ func TestBulkBodyExact(t *testing.T) {
 	h := newHarness(t, hopts{allow: []string{"origin.test"}})
 	o := startConnOriginMux(t, mux)
 	h.allowOrigin("origin.test", o, port(t, o.Server))
-	want := sha256.Sum256(body)
-
 	c := h.dialProxy(t)
 	defer c.Close()
 	br := bufio.NewReader(c)
@@ -55,12 +66,7 @@ func TestBulkBodyExact(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		hs := sha256.New()
-		n, err := io.Copy(hs, resp.Body)
-		resp.Body.Close()
-		if err != nil || n != size || [32]byte(hs.Sum(nil)) != want {
-			t.Fatalf("download %d: %d bytes, err %v, digest match %v; want %d exact bytes", i, n, err, [32]byte(hs.Sum(nil)) == want, size)
-		}
+		wantExact(t, i, resp, body)
 	}
 	if got := h.p.stats.bulkBodies.Load(); got != 2 {
 		t.Errorf("%d bodies relayed in bulk, want 2", got)

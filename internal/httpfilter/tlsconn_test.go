@@ -3,7 +3,6 @@ package httpfilter
 import (
 	"bufio"
 	"bytes"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"io"
@@ -30,24 +29,7 @@ func (c *countingConn) Write(p []byte) (int, error) {
 // plain tls.Client on the other.
 func tlsPair(t *testing.T) (*flushConn, *countingConn, *tls.Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	acc := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		acc <- c
-	}()
-	cc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := <-acc
-	if sc == nil {
-		t.Fatal("accept failed")
-	}
+	cc, sc := tcpPair(t)
 	oca := testOriginCA(t)
 	leaf, err := oca.Leaf("pair.test")
 	if err != nil {
@@ -170,18 +152,12 @@ func TestInterceptedBulkBody(t *testing.T) {
 	h.allowOrigin("origin.test", o, port(t, o.Server))
 	base := "https://origin.test:" + port(t, o.Server)
 	c := h.client(false)
-	want := sha256.Sum256(body)
 	for i := 0; i < 2; i++ {
 		resp, err := c.Get(base + "/pattern")
 		if err != nil {
 			t.Fatal(err)
 		}
-		hs := sha256.New()
-		n, err := io.Copy(hs, resp.Body)
-		resp.Body.Close()
-		if err != nil || n != size || [32]byte(hs.Sum(nil)) != want {
-			t.Fatalf("download %d: %d bytes, err %v, digest match %v; want %d exact bytes", i, n, err, [32]byte(hs.Sum(nil)) == want, size)
-		}
+		wantExact(t, i, resp, body)
 	}
 	if n := o.opened.Load(); n != 1 {
 		t.Errorf("origin saw %d connections for two downloads, want 1 (reused after a bulk body)", n)
