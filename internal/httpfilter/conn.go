@@ -231,7 +231,51 @@ const (
 
 // bulkBufs hold the pieces of bulk transfers; a buffer is taken while the
 // transfer fills it and given back when it slows down or ends.
-var bulkBufs = sync.Pool{New: func() any { b := make([]byte, bulkBuf); return &b }}
+var bulkBufs = newBigPool(bulkBuf)
+
+// maxBigBytes bounds the large buffers (bulkBufs, readBufs, coalesceBufs)
+// the process holds at once. A guest that opens its connections' worth of
+// downloads and stops reading would otherwise pin about 1 MiB of them per
+// connection; past the budget transfers go on with ordinary buffers.
+const maxBigBytes = 64 << 20
+
+var bigBytesInUse atomic.Int64
+
+// bigPool is a pool of large buffers taken under maxBigBytes.
+type bigPool struct {
+	pool sync.Pool
+	size int64
+}
+
+func newBigPool(size int) *bigPool {
+	p := &bigPool{size: int64(size)}
+	p.pool.New = func() any { b := make([]byte, size); return &b }
+	return p
+}
+
+// get returns a buffer, or nil when the budget is spent.
+func (p *bigPool) get() *[]byte {
+	if bigBytesInUse.Add(p.size) > maxBigBytes {
+		bigBytesInUse.Add(-p.size)
+		return nil
+	}
+	return p.pool.Get().(*[]byte)
+}
+
+func (p *bigPool) put(b *[]byte) {
+	p.pool.Put(b)
+	bigBytesInUse.Add(-p.size)
+}
+
+// bulkOrCopyBuf returns a bulk buffer, or an ordinary one when the budget
+// is spent, and the function that gives it back.
+func bulkOrCopyBuf() ([]byte, func()) {
+	if b := bulkBufs.get(); b != nil {
+		return *b, func() { bulkBufs.put(b) }
+	}
+	b := copyBufs.Get().(*[]byte)
+	return *b, func() { copyBufs.Put(b) }
+}
 
 // copyHalf copies src to dst, then half-closes dst. An idle tunnel should
 // cost little, so a direction starts with a small buffer; while reads fill
@@ -245,7 +289,7 @@ func copyHalf(dst, src net.Conn) int64 {
 	var big *[]byte
 	defer func() {
 		if big != nil {
-			bulkBufs.Put(big)
+			bulkBufs.put(big)
 		}
 	}()
 	var total int64
@@ -266,10 +310,11 @@ func copyHalf(dst, src net.Conn) int64 {
 		}
 		switch {
 		case big == nil && n == len(buf):
-			big = bulkBufs.Get().(*[]byte)
-			buf = *big
+			if big = bulkBufs.get(); big != nil {
+				buf = *big
+			}
 		case big != nil && n < smallBuf:
-			bulkBufs.Put(big)
+			bulkBufs.put(big)
 			big, buf = nil, small
 		}
 	}

@@ -307,10 +307,10 @@ func relayBody(w *countingWriter, resp *http.Response) (rerr, werr error) {
 // writes them at once. It never waits for the network while it holds
 // bytes not yet written.
 func relayBulk(w *countingWriter, resp *http.Response, u *upConn) (rerr, werr error) {
-	bp := bulkBufs.Get().(*[]byte)
-	defer bulkBufs.Put(bp)
+	buf, release := bulkOrCopyBuf()
+	defer release()
 	more := func() bool { return u.br.Buffered() > 0 || u.rb.recordReady() }
-	return copyBody(w, resp.Body, *bp, false, more)
+	return copyBody(w, resp.Body, buf, false, more)
 }
 
 // relayTrailers sets the trailers that arrived with the body.

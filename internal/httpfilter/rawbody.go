@@ -60,7 +60,7 @@ func copyVia(w io.Writer, r io.Reader) (int64, error) {
 
 // copyBulk copies r to w through a pooled bulkBufs buffer.
 func copyBulk(w io.Writer, r io.Reader) (int64, error) {
-	bp := bulkBufs.Get().(*[]byte)
-	defer bulkBufs.Put(bp)
-	return io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{r}, *bp)
+	buf, release := bulkOrCopyBuf()
+	defer release()
+	return io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{r}, buf)
 }

@@ -20,7 +20,7 @@ const coalesceMin = 2 << 10
 // coalesceBuf bounds what a coalescer gathers before it writes.
 const coalesceBuf = 256<<10 + 4<<10
 
-var coalesceBufs = sync.Pool{New: func() any { b := make([]byte, 0, coalesceBuf); return &b }}
+var coalesceBufs = newBigPool(coalesceBuf)
 
 // coalescer is the connection under a tls.Conn. While an outer Write is in
 // progress (armed) the records it produces are gathered and written at
@@ -54,7 +54,10 @@ func (c *coalescer) Write(p []byte) (int, error) {
 		return c.writeLocked(p)
 	}
 	if c.buf == nil {
-		c.buf = coalesceBufs.Get().(*[]byte)
+		if c.buf = coalesceBufs.get(); c.buf == nil {
+			return c.writeLocked(p) // over the budget: no gathering
+		}
+		*c.buf = (*c.buf)[:0]
 	}
 	*c.buf = append(*c.buf, p...)
 	return len(p), nil
@@ -79,8 +82,7 @@ func (c *coalescer) flushLocked() error {
 	if len(*b) > 0 && c.err == nil {
 		_, err = c.writeLocked(*b)
 	}
-	*b = (*b)[:0]
-	coalesceBufs.Put(b)
+	coalesceBufs.put(b)
 	if err == nil {
 		err = c.err
 	}
@@ -151,7 +153,7 @@ const (
 	maxTLSRecord = 5 + 16<<10 + 256
 )
 
-var readBufs = sync.Pool{New: func() any { b := make([]byte, readBufSize); return &b }}
+var readBufs = newBigPool(readBufSize)
 
 // readBuf is the connection under an upstream tls.Conn. It passes reads
 // through until one fills the reader's buffer (the peer is sending in
@@ -175,7 +177,7 @@ func (c *readBuf) Read(p []byte) (int, error) {
 	if c.big == nil {
 		n, err := c.Conn.Read(p)
 		if n == len(p) && n >= 1<<10 {
-			c.big, c.keep = readBufs.Get().(*[]byte), true
+			c.big, c.keep = readBufs.get(), true
 		}
 		return n, err
 	}
@@ -200,7 +202,7 @@ func (c *readBuf) serve(p []byte) int {
 
 func (c *readBuf) release() {
 	if c.big != nil {
-		readBufs.Put(c.big)
+		readBufs.put(c.big)
 		c.big, c.r, c.w = nil, 0, 0
 	}
 }
