@@ -192,3 +192,58 @@ func TestInterceptedBulkBody(t *testing.T) {
 		t.Errorf("a body cut short by the origin arrived as %d bytes with err %v; want a broken response", n, err)
 	}
 }
+
+// scriptConn serves reads from a script of chunks: a read returns at most
+// what is left of the current chunk, as a socket returns what has arrived.
+type scriptConn struct {
+	net.Conn
+	chunks [][]byte
+	reads  int
+}
+
+func (c *scriptConn) Read(p []byte) (int, error) {
+	c.reads++
+	if len(c.chunks) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, c.chunks[0])
+	if c.chunks[0] = c.chunks[0][n:]; len(c.chunks[0]) == 0 {
+		c.chunks = c.chunks[1:]
+	}
+	return n, nil
+}
+
+// TestReadBufLargeReadsThenGivesBack: once a read fills the caller's
+// buffer, readBuf reads up to readBufSize at once, serves the bytes in
+// order, and gives its buffer back when a small read has been drained, so a
+// connection that went quiet holds none.
+func TestReadBufLargeReadsThenGivesBack(t *testing.T) {
+	all := pattern(900<<10 + 10)
+	sc := &scriptConn{chunks: [][]byte{all[:900<<10], all[900<<10:]}}
+	rb := &readBuf{Conn: sc}
+	var got []byte
+	p := make([]byte, 16<<10)
+	held := false
+	// Read exactly what was sent: the connection then goes quiet (no EOF).
+	for len(got) < len(all) {
+		n, err := rb.Read(p)
+		got = append(got, p[:n]...)
+		held = held || rb.big != nil
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(got, all) {
+		t.Fatalf("read %d bytes, want %d exact", len(got), len(all))
+	}
+	if !held {
+		t.Fatal("a bulk stream never switched to large reads")
+	}
+	// 900 KiB in 16 KiB pieces would take 57 reads of the connection.
+	if sc.reads > 12 {
+		t.Errorf("%d reads of the connection for 900 KiB; want large reads", sc.reads)
+	}
+	if rb.big != nil {
+		t.Error("the buffer is still held after a small read was drained")
+	}
+}
