@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 )
@@ -34,12 +35,50 @@ var linePool = sync.Pool{New: func() any { return &Line{buf: make([]byte, 0, 512
 func NewLine(t time.Time, level slog.Level, msg string) *Line {
 	l := linePool.Get().(*Line)
 	b := append(l.buf[:0], `{"time":"`...)
-	b = t.AppendFormat(b, time.RFC3339Nano)
+	b = appendTime(b, t)
 	b = append(b, `","level":`...)
 	b = appendString(b, level.String())
 	b = append(b, `,"msg":`...)
 	l.buf = appendString(b, msg)
 	return l
+}
+
+// stamp is the formatted second of a time: lines come thousands a second,
+// and but for the fraction the time of each is written the same.
+type stamp struct {
+	sec  int64
+	loc  *time.Location
+	date []byte // "2006-01-02T15:04:05"
+	zone []byte // "Z07:00": "Z" or "+01:00"
+}
+
+var lastStamp atomic.Pointer[stamp]
+
+// appendTime appends t as t.AppendFormat(b, time.RFC3339Nano) does (the
+// fraction without trailing zeros, none for a whole second), formatting
+// the second only when it is not the last line's.
+func appendTime(b []byte, t time.Time) []byte {
+	sec, loc := t.Unix(), t.Location()
+	st := lastStamp.Load()
+	if st == nil || st.sec != sec || st.loc != loc {
+		st = &stamp{sec: sec, loc: loc, date: t.AppendFormat(nil, "2006-01-02T15:04:05"), zone: t.AppendFormat(nil, "Z07:00")}
+		lastStamp.Store(st)
+	}
+	b = append(b, st.date...)
+	if ns := t.Nanosecond(); ns != 0 {
+		var frac [10]byte
+		frac[0] = '.'
+		for i := 9; i > 0; i-- {
+			frac[i] = byte('0' + ns%10)
+			ns /= 10
+		}
+		n := len(frac)
+		for frac[n-1] == '0' {
+			n--
+		}
+		b = append(b, frac[:n]...)
+	}
+	return append(b, st.zone...)
 }
 
 // Free recycles l without writing it.

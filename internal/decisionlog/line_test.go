@@ -211,3 +211,56 @@ func BenchmarkSlogJSON(b *testing.B) {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// TestTimeAsSlogWritesIt: a line's time is written as time.RFC3339Nano
+// formats it (the layout slog uses), whatever the nanoseconds (trailing
+// zeros, none), the zone (UTC, offsets, a DST change) and the order of
+// the times (a second formatted before is not reused for another).
+func TestTimeAsSlogWritesIt(t *testing.T) {
+	paris, err := time.LoadLocation("Europe/Paris")
+	if err != nil {
+		paris = time.FixedZone("CET", 3600)
+	}
+	base := []time.Time{
+		time.Date(2026, 12, 1, 21, 22, 38, 363094634, time.UTC),
+		time.Date(2026, 12, 1, 21, 22, 38, 0, time.UTC),
+		time.Date(2026, 12, 1, 21, 22, 38, 500000000, time.UTC),
+		time.Date(2026, 12, 1, 21, 22, 38, 10, time.UTC),
+		time.Date(2026, 3, 29, 1, 59, 59, 999999999, time.UTC).In(paris), // the DST change
+		time.Date(2026, 3, 29, 2, 0, 0, 1, time.UTC).In(paris),
+		time.Date(2026, 12, 1, 21, 22, 38, 363094634, time.FixedZone("", -(9*3600+30*60))),
+		time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC),
+		time.Now(),
+	}
+	var times []time.Time
+	for _, tm := range base {
+		// The same second in another zone, the next nanosecond, another
+		// second, and the first again.
+		times = append(times, tm, tm.In(time.FixedZone("", 5*3600)), tm.Add(time.Nanosecond), tm.Add(time.Second), tm)
+	}
+	for _, tm := range times {
+		l := NewLine(tm, slog.LevelInfo, "dns")
+		want := `{"time":"` + tm.Format(time.RFC3339Nano) + `"`
+		if got := string(l.buf[:len(want)]); got != want {
+			t.Errorf("%v: line starts %s, want %s", tm, got, want)
+		}
+		l.Free()
+	}
+}
+
+// BenchmarkTime: a line's time, formatted by appendTime and by
+// time.AppendFormat.
+func BenchmarkTime(b *testing.B) {
+	tm := time.Now()
+	buf := make([]byte, 0, 64)
+	b.Run("appendTime", func(b *testing.B) {
+		for b.Loop() {
+			buf = appendTime(buf[:0], tm)
+		}
+	})
+	b.Run("AppendFormat", func(b *testing.B) {
+		for b.Loop() {
+			buf = tm.AppendFormat(buf[:0], time.RFC3339Nano)
+		}
+	})
+}
