@@ -26,6 +26,10 @@ type probe struct {
 	fix   string
 }
 
+// proxyProbeSecs caps the probes the proxy answers (curl -m); the whole
+// run has 40 s.
+const proxyProbeSecs = "20"
+
 // gatewayPorts are ports probed on the gateway besides DNS (UDP) and the
 // proxy: the host's usual services and the DNS filter's TCP socket.
 var gatewayPorts = []int{22, 53, 80, 443, 5300, 8080, 8081}
@@ -49,7 +53,10 @@ func probes(in Instance, passive bool) []probe {
 	if resolver == "" {
 		resolver = DefaultProbeResolver
 	}
-	curlP := "curl -sS -m 8 --noproxy '' -x " + px + " -o /dev/null -D - "
+	// The proxy answers these itself or refuses at once; the generous cap
+	// only matters on a slow guest (TCG on a busy host, where all probes
+	// start at once), which must not read as a failed layer.
+	curlP := "curl -sS -m " + proxyProbeSecs + " --noproxy '' -x " + px + " -o /dev/null -D - "
 	fixLayers := "run abox doctor again after fixing the host-side failures above; if they all pass, the guest's own configuration differs from what abox set up"
 	blockedByPassive := func(s Status, d string) (Status, string) {
 		if passive && s == Fail {
@@ -71,7 +78,7 @@ func probes(in Instance, passive bool) []probe {
 		},
 		{
 			name: "CA installed (https healthcheck verifies)",
-			cmd:  "curl -sS -m 8 --noproxy '' -x " + px + " -o /dev/null -w '%{http_code}' https://" + policy.HealthcheckName + "/",
+			cmd:  "curl -sS -m " + proxyProbeSecs + " --noproxy '' -x " + px + " -o /dev/null -w '%{http_code}' https://" + policy.HealthcheckName + "/",
 			judge: func(rc int, out string) (Status, string) {
 				switch {
 				case rc == 0 && strings.Contains(out, "200"):
