@@ -2,7 +2,6 @@ package httpfilter
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -146,60 +145,6 @@ func (r *byteReader) Read(p []byte) (int, error) {
 	r.b = r.b[n:]
 	return n, nil
 }
-
-// innerConn is an intercepted client connection handed to the shared inner
-// HTTP/1.1 server; it carries the tunnel's scope and signals its end.
-type innerConn struct {
-	net.Conn
-	sc   *scope
-	done chan struct{}
-	once sync.Once
-}
-
-func (c *innerConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(func() { close(c.done) })
-	return err
-}
-
-// chanListener feeds intercepted connections to an http.Server.
-type chanListener struct {
-	ch     chan net.Conn
-	closed chan struct{}
-	once   sync.Once
-	addr   net.Addr
-}
-
-func newChanListener(addr net.Addr) *chanListener {
-	return &chanListener{ch: make(chan net.Conn), closed: make(chan struct{}), addr: addr}
-}
-
-func (l *chanListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.ch:
-		return c, nil
-	case <-l.closed:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *chanListener) push(ctx context.Context, c net.Conn) error {
-	select {
-	case l.ch <- c:
-		return nil
-	case <-l.closed:
-		return net.ErrClosed
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (l *chanListener) Close() error {
-	l.once.Do(func() { close(l.closed) })
-	return nil
-}
-
-func (l *chanListener) Addr() net.Addr { return l.addr }
 
 // pipe copies both directions until either side ends, half-closing so
 // protocols that shut down one direction first still work. It returns the

@@ -57,7 +57,11 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record
 		return
 	}
 	defer conn.Close()
-	if !use.attach(conn) {
+	// Revocation closes the guest's connection and ends the context of
+	// the inner request in flight with it.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	defer cancel()
+	if !use.attach(&guestConn{Conn: conn, cancel: cancel}) {
 		// Revoked between the check and the hijack: nothing was answered
 		// yet, and nothing will be.
 		rec.verdict, rec.reason, rec.status = allowlist.Block, ReasonRevoked, http.StatusForbidden
@@ -74,7 +78,6 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record
 	client := withBuffered(conn, brw.Reader)
 	p.stats.tunnelsOpen.Add(1)
 	defer p.stats.tunnelsOpen.Add(-1)
-	ctx := context.WithoutCancel(r.Context())
 	switch {
 	case d.healthcheck:
 		// Answered here in every mode, TLS included: nothing leaves the host.
@@ -293,14 +296,11 @@ func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target,
 	p.serveInnerH1(ctx, fc, sc)
 }
 
-// serveInnerH1 hands an intercepted HTTP/1.1 connection to the inner server
-// and waits until it is closed.
+// serveInnerH1 serves an intercepted HTTP/1.x connection behind its own h1
+// guard until it ends. Its requests carry the tunnel's scope and not the
+// guest's outer connection: the tunnel itself is held.
 func (p *Proxy) serveInnerH1(ctx context.Context, c net.Conn, sc *scope) {
 	onReject := func(reason string) { p.guardRefused(c.RemoteAddr().String(), sc.connect.Authority(), reason) }
-	ic := &innerConn{Conn: newH1Guard(c, p.cfg.MaxHeaderBytes, onReject), sc: sc, done: make(chan struct{})}
-	if err := p.innerLn.push(ctx, ic); err != nil {
-		c.Close()
-		return
-	}
-	<-ic.done
+	ctx = context.WithValue(context.WithValue(ctx, connKey{}, nil), scopeKey{}, sc)
+	p.serveH1(ctx, newH1Guard(c, p.cfg.MaxHeaderBytes, onReject), p.serveInner)
 }

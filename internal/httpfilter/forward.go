@@ -367,12 +367,16 @@ func (u *upgradeCloser) Unwrap() http.ResponseWriter { return u.ResponseWriter }
 // countingBody counts request body bytes sent upstream.
 type countingBody struct {
 	io.ReadCloser
-	n *atomic.Int64 // written by whoever sends the body, read by the handler
+	n      *atomic.Int64 // written by whoever sends the body, read by the handler
+	broken atomic.Bool   // the guest's body failed (cut, bad chunking)
 }
 
 func (b *countingBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.n.Add(int64(n))
+	if err != nil && err != io.EOF {
+		b.broken.Store(true)
+	}
 	return n, err
 }
 

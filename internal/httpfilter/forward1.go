@@ -158,6 +158,10 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 					u.c.SetReadDeadline(time.Now().Add(p.cfg.ResponseHeaderTimeout))
 				}
 				hdrMu.Unlock()
+			} else if cb, ok := out.Body.(*countingBody); ok && cb.broken.Load() {
+				// The guest's body broke: the request can never be
+				// complete, so the origin's answer is not waited for.
+				u.close()
 			}
 			wdone <- err
 		}()

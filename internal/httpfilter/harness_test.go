@@ -114,14 +114,15 @@ type hopts struct {
 	permit     []string
 	hostAddrs  []string
 	dialer     *recordingDialer
-	decisions  bool // decision lines through a decisionlog.Writer (h.lines)
+	decisions  bool    // decision lines through a decisionlog.Writer (h.lines)
+	rate       float64 // Config.RequestRate (negative: no limit)
 	resolver   interface {
 		LookupNetIP(context.Context, string) ([]netip.Addr, error)
 	}
 }
 
 type harness struct {
-	t       *testing.T
+	t       testing.TB
 	p       *Proxy
 	addr    string
 	res     *fakeResolver
@@ -136,7 +137,7 @@ type harness struct {
 	done    chan error
 }
 
-func newHarness(t *testing.T, o hopts) *harness {
+func newHarness(t testing.TB, o hopts) *harness {
 	t.Helper()
 	dir := t.TempDir()
 	al := filepath.Join(dir, "allowlist.txt")
@@ -198,6 +199,7 @@ func newHarness(t *testing.T, o hopts) *harness {
 		cfg.HandshakeTimeout = o.handshake
 	}
 	cfg.ResponseHeaderTimeout = o.respHeader
+	cfg.RequestRate = o.rate
 	if o.resolver != nil {
 		cfg.Resolver = o.resolver
 	}
@@ -245,7 +247,7 @@ var (
 
 // testOriginCA is the "public internet" CA of the tests: it signs the
 // HTTPS origins, and the proxy trusts it as its --upstream-ca.
-func testOriginCA(t *testing.T) *ca.CA {
+func testOriginCA(t testing.TB) *ca.CA {
 	originCAOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "abox-origin-ca-")
 		if err != nil {

@@ -152,7 +152,7 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 }
 
 // connect opens a CONNECT tunnel and returns the connection after the 200.
-func (h *harness) connect(t *testing.T, authority string) net.Conn {
+func (h *harness) connect(t testing.TB, authority string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", h.addr)
 	if err != nil {

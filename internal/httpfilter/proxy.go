@@ -112,8 +112,7 @@ type Proxy struct {
 	h2t       *http2.Transport
 	rp        *httputil.ReverseProxy
 	h2        *http2.Server
-	inner     *http.Server // serves intercepted HTTP/1.1 connections
-	innerLn   *chanListener
+	inner     *http.Server // the base configuration of intercepted HTTP/2 connections
 	keylog    *keyLog
 
 	stats  stats
@@ -121,6 +120,12 @@ type Proxy struct {
 
 	connsMu sync.Mutex
 	conns   map[*idleConn]struct{} // every open client connection, for shutdown
+
+	// closing is set when shutdown starts; h1conns are the connections
+	// serveH1 is serving (not hijacked ones), whose idle ones it closes.
+	closing atomic.Bool
+	h1mu    sync.Mutex
+	h1conns map[*h1Conn]struct{}
 
 	live liveSet // connections held for a target, re-checked on policy changes
 }
@@ -254,20 +259,12 @@ func New(cfg Config) (*Proxy, error) {
 		BufferPool:    bufferPool{},
 	}
 	p.h2 = &http2.Server{IdleTimeout: cfg.IdleTimeout, MaxConcurrentStreams: 250}
-	p.innerLn = newChanListener(cfg.Listener.Addr())
 	p.inner = &http.Server{
-		Handler:           http.HandlerFunc(p.serveInner),
 		ReadHeaderTimeout: cfg.HandshakeTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          log.New(io.Discard, "", 0),
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			ctx = withClient(ctx, c)
-			if ic, ok := c.(*innerConn); ok {
-				return context.WithValue(ctx, scopeKey{}, ic.sc)
-			}
-			return ctx
-		},
+		ConnContext:       withClient,
 	}
 	return p, nil
 }
@@ -288,45 +285,36 @@ func (p *Proxy) Name() string { return "http" }
 func (p *Proxy) Addr() net.Addr { return p.cfg.Listener.Addr() }
 
 // Serve runs the proxy until ctx ends, then shuts down within
-// ShutdownTimeout, closing tunnels that are still open.
+// ShutdownTimeout, closing tunnels that are still open. HTTP/1.x is served
+// by serveH1 (server1.go).
 func (p *Proxy) Serve(ctx context.Context) error {
-	outer := &http.Server{
-		Handler:           p,
-		ReadHeaderTimeout: p.cfg.HandshakeTimeout,
-		IdleTimeout:       p.cfg.IdleTimeout,
-		MaxHeaderBytes:    p.cfg.MaxHeaderBytes,
-		ErrorLog:          log.New(io.Discard, "", 0),
-		BaseContext:       func(net.Listener) context.Context { return ctx },
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			return context.WithValue(withClient(ctx, c), connKey{}, c)
-		},
-	}
 	ln := &limitListener{Listener: p.cfg.Listener, p: p, sem: make(chan struct{}, p.cfg.MaxConns)}
-	errc := make(chan error, 2)
-	go func() { errc <- p.inner.Serve(p.innerLn) }()
-	go func() { errc <- outer.Serve(ln) }()
+	errc := make(chan error, 1)
+	go func() { errc <- p.acceptLoop(ctx, ln) }()
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go p.watchPolicy(wctx)
 	select {
 	case err := <-errc:
-		if !errors.Is(err, http.ErrServerClosed) {
-			p.shutdown(outer)
-			return fmt.Errorf("serving http filter: %w", err)
-		}
+		p.shutdown(ln)
+		return fmt.Errorf("serving http filter: %w", err)
 	case <-ctx.Done():
 	}
-	p.shutdown(outer)
+	p.shutdown(ln)
+	<-errc
 	return nil
 }
 
-func (p *Proxy) shutdown(outer *http.Server) {
-	sctx, cancel := context.WithTimeout(context.Background(), p.cfg.ShutdownTimeout)
-	defer cancel()
-	p.innerLn.Close()
-	outer.Shutdown(sctx)
-	p.inner.Shutdown(sctx)
-	// Hijacked tunnels are invisible to Shutdown.
+// shutdown stops accepting, closes connections waiting for a request and
+// gives those serving one ShutdownTimeout to finish; then it closes every
+// connection left, tunnels included.
+func (p *Proxy) shutdown(ln net.Listener) {
+	p.closing.Store(true)
+	ln.Close()
+	deadline := time.Now().Add(p.cfg.ShutdownTimeout)
+	for p.closeIdleH1() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	p.connsMu.Lock()
 	open := make([]*idleConn, 0, len(p.conns))
 	for c := range p.conns {

@@ -1,0 +1,833 @@
+package httpfilter
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// The guest-side HTTP/1.x server: one loop per connection (plain proxy
+// connections and intercepted inner connections alike) that reads requests
+// with http.ReadRequest from a pooled bufio.Reader over the h1 guard, runs
+// the proxy's handler, and writes each response into a per-connection
+// buffer flushed once at its end (or when the handler flushes). It does
+// what net/http's server did for these handlers, without its per-request
+// context, background reader and deadline changes:
+//
+//   - the checks net/http applies after parsing (HTTP/1.x only, one valid
+//     Host on HTTP/1.1, valid field names and values);
+//   - Expect: 100-continue (answered on the first read of the body; any
+//     other expectation is 417);
+//   - response framing: the handler's Content-Length, else chunked for
+//     HTTP/1.1 and close for HTTP/1.0, a computed Content-Length for a
+//     short answer, no body for HEAD, 1xx, 204 and 304, trailers, Date;
+//   - keep-alive: HTTP/1.0 keep-alive, Connection: close from either side,
+//     an answer shorter than its Content-Length or a request body left
+//     unread past maxDrain closes the connection;
+//   - Hijack (CONNECT, WebSocket) and http.ErrAbortHandler.
+//
+// The h1 guard has already refused malformed framing before the parser
+// sees it; a request that still fails to parse is a 400 and the end of the
+// connection.
+
+const (
+	h1ReadBuf  = 4 << 10
+	h1WriteBuf = 4 << 10
+	// maxDrain is how much of a request body the handler left unread is
+	// read and discarded to keep the connection; more closes it.
+	maxDrain = 256 << 10
+	// pendingMax is how much of an answer of unknown length is held back
+	// before its header is sent, so that a short one gets a Content-Length.
+	pendingMax = 2 << 10
+)
+
+var (
+	h1Readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, h1ReadBuf) }}
+	h1Writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, h1WriteBuf) }}
+)
+
+// h1Conn is one guest connection served by serveH1.
+type h1Conn struct {
+	p       *Proxy
+	c       net.Conn // the h1 guard
+	br      *bufio.Reader
+	bw      *bufio.Writer
+	ctx     context.Context
+	remote  string
+	handler func(http.ResponseWriter, *http.Request)
+	idle    atomic.Bool // waiting for a request: shutdown closes it
+	hdr     hdrClock
+	w       h1Response // reused by every request
+	body    *h1Body    // the current request's body, nil without one
+}
+
+// guestConn is the guest's connection as revocation sees it: closing it
+// also ends the context of the request in flight (its upstream exchange).
+type guestConn struct {
+	net.Conn
+	cancel context.CancelFunc
+}
+
+func (g *guestConn) Close() error {
+	g.cancel()
+	return g.Conn.Close()
+}
+
+// serveOuter serves a connection accepted on the proxy's listener.
+func (p *Proxy) serveOuter(ctx context.Context, c net.Conn) {
+	ctx, cancel := context.WithCancel(withClient(ctx, c))
+	defer cancel()
+	ctx = context.WithValue(ctx, connKey{}, net.Conn(&guestConn{Conn: c, cancel: cancel}))
+	p.serveH1(ctx, c, p.ServeHTTP)
+}
+
+// serveH1 serves HTTP/1.x requests on c until either side ends the
+// connection; c is closed on return unless a handler hijacked it.
+func (p *Proxy) serveH1(ctx context.Context, c net.Conn, h func(http.ResponseWriter, *http.Request)) {
+	hc := &h1Conn{p: p, c: c, ctx: ctx, remote: c.RemoteAddr().String(), handler: h}
+	hc.br = h1Readers.Get().(*bufio.Reader)
+	hc.br.Reset(c)
+	hc.bw = h1Writers.Get().(*bufio.Writer)
+	hc.bw.Reset(c)
+	hc.w.hc = hc
+	hc.w.header = make(http.Header)
+	if !p.addH1(hc) {
+		c.Close()
+		return
+	}
+	hc.hdr.start(c, p.cfg.HandshakeTimeout)
+	hijacked := false
+	defer func() {
+		hc.hdr.stop()
+		p.removeH1(hc)
+		if hijacked {
+			return // the handler owns c, br and bw now
+		}
+		hc.w.stopContinue()
+		hc.bw.Flush()
+		c.Close()
+		// A body reader still running (an upload the origin did not wait
+		// for) is unblocked by the close and must not read the buffer
+		// once another connection has it.
+		if b := hc.body; b != nil {
+			b.mu.Lock()
+			b.detached = true
+			b.mu.Unlock()
+		}
+		hc.br.Reset(nil)
+		hc.bw.Reset(nil)
+		h1Readers.Put(hc.br)
+		h1Writers.Put(hc.bw)
+	}()
+	for first := true; ; first = false {
+		if !first {
+			hc.idle.Store(true)
+			if p.closing.Load() {
+				return
+			}
+			_, err := hc.br.Peek(1)
+			hc.idle.Store(false)
+			if err != nil {
+				return
+			}
+		}
+		hc.hdr.begin()
+		hc.skipBlankLines()
+		req, err := http.ReadRequest(hc.br)
+		hc.hdr.end()
+		if err != nil {
+			hc.badRequest(err)
+			return
+		}
+		keep := hc.serve(req)
+		if hc.w.hijacked {
+			hijacked = true
+			return
+		}
+		if !keep {
+			return
+		}
+	}
+}
+
+// skipBlankLines drops CR and LF before a request line (RFC 9112 2.2), as
+// the h1 guard does.
+func (hc *h1Conn) skipBlankLines() {
+	for {
+		b, err := hc.br.Peek(1)
+		if err != nil || (b[0] != '\r' && b[0] != '\n') {
+			return
+		}
+		hc.br.Discard(1)
+	}
+}
+
+// badRequest answers a request that could not be read, as net/http did:
+// nothing for a connection that ended or was refused by the guard (it has
+// answered), 501 for an unknown transfer coding, else 400.
+func (hc *h1Conn) badRequest(err error) {
+	if err == io.EOF {
+		return
+	}
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		return
+	}
+	if oe, ok := err.(*net.OpError); ok && oe.Op == "read" {
+		return
+	}
+	const hdr = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+	if strings.Contains(err.Error(), "unsupported transfer encoding") {
+		io.WriteString(hc.c, "HTTP/1.1 501 Not Implemented"+hdr+"Unsupported transfer encoding")
+		return
+	}
+	io.WriteString(hc.c, "HTTP/1.1 400 Bad Request"+hdr+"400 Bad Request")
+}
+
+// serve runs the handler for req and reports whether the connection can
+// carry another request.
+func (hc *h1Conn) serve(req *http.Request) (keep bool) {
+	if req.ProtoMajor != 1 {
+		io.WriteString(hc.c, "HTTP/1.1 505 HTTP Version Not Supported\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n505 HTTP Version Not Supported: unsupported protocol version")
+		return false
+	}
+	if msg := invalidRequest(req); msg != "" {
+		io.WriteString(hc.c, "HTTP/1.1 400 Bad Request: "+msg+"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request: "+msg)
+		return false
+	}
+	req.RemoteAddr = hc.remote
+	req = req.WithContext(hc.ctx)
+
+	w := &hc.w
+	w.reset(req)
+	hc.body = nil
+	if req.Body != nil && req.Body != http.NoBody {
+		hc.body = &h1Body{rc: req.Body, w: w}
+		req.Body = hc.body
+		w.body = hc.body
+	}
+	if exp := req.Header["Expect"]; len(exp) > 0 {
+		if !httpguts.HeaderValuesContainsToken(exp[:1], "100-continue") {
+			w.header.Set("Connection", "close")
+			w.WriteHeader(http.StatusExpectationFailed)
+			w.finish()
+			return false
+		}
+		if req.ProtoAtLeast(1, 1) && req.ContentLength != 0 && hc.body != nil {
+			w.expect = true
+			w.canContinue.Store(true)
+		}
+	}
+	if !hc.run(w, req) {
+		// http.ErrAbortHandler (or a panic): what was written goes out
+		// and the connection ends, so the answer is visibly cut.
+		return false
+	}
+	if w.hijacked {
+		return false
+	}
+	return w.finish()
+}
+
+// run calls the handler; false means it panicked.
+func (hc *h1Conn) run(w *h1Response, req *http.Request) (ok bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler {
+				hc.p.log.Error("panic serving a request", "client", hc.remote, "panic", v)
+			}
+			ok = false
+		}
+	}()
+	hc.handler(w, req)
+	return true
+}
+
+// invalidRequest applies the checks net/http's server makes after parsing.
+// http.ReadRequest has moved the Host field into req.Host (the target's
+// authority wins for absolute-form, as RFC 9112 3.2.2 says), so an HTTP/1.1
+// request without either is the one refused for a missing Host.
+func invalidRequest(req *http.Request) string {
+	if req.Host == "" && req.ProtoAtLeast(1, 1) && req.Method != http.MethodConnect &&
+		!(req.Method == "PRI" && req.RequestURI == "*") {
+		return "missing required Host header"
+	}
+	if req.Host != "" && !httpguts.ValidHostHeader(req.Host) {
+		return "malformed Host header"
+	}
+	for k, vv := range req.Header {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return "invalid header name"
+		}
+		for _, v := range vv {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return "invalid header value"
+			}
+		}
+	}
+	return ""
+}
+
+// h1Body is a request body as the handler sees it. Close does not read
+// the rest (the server decides after the handler whether to drain it or
+// close the connection), and the first read answers 100-continue.
+type h1Body struct {
+	w        *h1Response
+	rc       io.ReadCloser
+	mu       sync.Mutex  // the handler's body writer may read while the server drains
+	sawEOF   atomic.Bool // read without mu when the answer starts
+	closed   bool
+	detached bool // the request is over: the bytes that follow are not its
+}
+
+func (b *h1Body) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed || b.detached {
+		return 0, http.ErrBodyReadAfterClose
+	}
+	if b.w.canContinue.Load() {
+		b.w.writeContinue()
+	}
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.sawEOF.Store(true)
+	}
+	return n, err
+}
+
+func (b *h1Body) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	return nil
+}
+
+// drain reads what the handler left of the body, up to maxDrain, and
+// reports whether the next request starts right after it. Any later read
+// through the body fails.
+func (b *h1Body) drain() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	defer func() { b.detached = true }()
+	switch {
+	case b.sawEOF.Load():
+		return true
+	case b.closed || b.detached:
+		return false // closed early: where it ends is not known
+	}
+	_, err := io.CopyN(io.Discard, b.rc, maxDrain+1)
+	return err == io.EOF
+}
+
+// h1Response is the http.ResponseWriter of serveH1 (also a Flusher,
+// Hijacker and ReaderFrom).
+type h1Response struct {
+	hc     *h1Conn
+	req    *http.Request
+	header http.Header
+	body   *h1Body
+
+	wantsClose bool // Connection: close, or HTTP/1.0 without keep-alive
+	wants10KA  bool // HTTP/1.0 with Connection: keep-alive
+	expect     bool // 100-continue was asked for a body
+
+	status      int
+	wroteHeader bool // a final status was set
+	committed   bool // its header is in the write buffer
+	handlerDone bool
+	hijacked    bool
+	is11        bool
+	isHEAD      bool
+	noBody      bool // HEAD, 1xx, 204, 304: nothing after the header
+	chunked     bool
+	closeAfter  bool
+	cl          int64 // -1: not known
+	written     int64
+	pending     []byte // an answer of unknown length held back (up to pendingMax)
+	trailers    []string
+	werr        error
+
+	canContinue atomic.Bool
+	continueMu  sync.Mutex // the body reader writes 100 Continue from its goroutine
+	scratch     [32]byte
+}
+
+// reset readies w for req (the same h1Response serves every request of a
+// connection).
+func (w *h1Response) reset(req *http.Request) {
+	clear(w.header)
+	w.req, w.body = req, nil
+	w.status, w.wroteHeader, w.committed, w.handlerDone, w.hijacked = 0, false, false, false, false
+	w.noBody, w.chunked, w.expect = false, false, false
+	w.cl, w.written, w.werr = -1, 0, nil
+	w.pending, w.trailers = w.pending[:0], w.trailers[:0]
+	w.canContinue.Store(false)
+	w.is11 = req.ProtoAtLeast(1, 1)
+	w.isHEAD = req.Method == http.MethodHead
+	conn := req.Header["Connection"]
+	w.wantsClose = req.Close || httpguts.HeaderValuesContainsToken(conn, "close")
+	w.wants10KA = req.ProtoMajor == 1 && req.ProtoMinor == 0 && httpguts.HeaderValuesContainsToken(conn, "keep-alive")
+	w.closeAfter = req.Method == "PRI" // an h2c preface: nothing HTTP/1 follows
+}
+
+func (w *h1Response) Header() http.Header { return w.header }
+
+// writeContinue answers 100-continue, unless the answer has started.
+func (w *h1Response) writeContinue() {
+	w.continueMu.Lock()
+	defer w.continueMu.Unlock()
+	if !w.canContinue.Load() {
+		return
+	}
+	w.canContinue.Store(false)
+	bw := w.hc.bw
+	bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+	if err := bw.Flush(); err != nil {
+		w.werr = err
+	}
+}
+
+// stopContinue: once the answer starts, the body reader writes nothing.
+func (w *h1Response) stopContinue() {
+	if w.canContinue.Load() {
+		w.continueMu.Lock()
+		w.canContinue.Store(false)
+		w.continueMu.Unlock()
+	}
+}
+
+func (w *h1Response) WriteHeader(code int) {
+	if w.hijacked || w.wroteHeader {
+		return
+	}
+	if code < 100 || code > 999 {
+		panic("invalid WriteHeader code " + strconv.Itoa(code))
+	}
+	if code < 200 && code != http.StatusSwitchingProtocols {
+		w.writeInformational(code)
+		return
+	}
+	w.stopContinue()
+	w.wroteHeader, w.status = true, code
+	if v := w.header.Get("Content-Length"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err == nil && n >= 0 {
+			w.cl = n
+		} else {
+			delete(w.header, "Content-Length")
+		}
+	}
+	w.noBody = w.isHEAD || !bodyAllowed(code)
+	if w.cl >= 0 || w.noBody {
+		w.commit()
+	}
+}
+
+// writeInformational sends a 1xx answer (103 Early Hints, a 100 the
+// handler sends itself) at once; HTTP/1.0 clients get none.
+func (w *h1Response) writeInformational(code int) {
+	if code == http.StatusContinue {
+		w.stopContinue()
+	}
+	if !w.is11 {
+		return
+	}
+	w.continueMu.Lock()
+	defer w.continueMu.Unlock()
+	bw := w.hc.bw
+	w.statusLine(code)
+	writeFields(bw, w.header, true)
+	bw.WriteString("\r\n")
+	if err := bw.Flush(); err != nil {
+		w.werr = err
+	}
+}
+
+func (w *h1Response) statusLine(code int) {
+	bw := w.hc.bw
+	if w.is11 {
+		bw.WriteString("HTTP/1.1 ")
+	} else {
+		bw.WriteString("HTTP/1.0 ")
+	}
+	bw.Write(strconv.AppendInt(w.scratch[:0], int64(code), 10))
+	bw.WriteByte(' ')
+	if text := http.StatusText(code); text != "" {
+		bw.WriteString(text)
+	} else {
+		bw.WriteString("status code ")
+		bw.Write(strconv.AppendInt(w.scratch[:0], int64(code), 10))
+	}
+	bw.WriteString("\r\n")
+}
+
+func bodyAllowed(code int) bool {
+	return !(code >= 100 && code <= 199 || code == http.StatusNoContent || code == http.StatusNotModified)
+}
+
+// commit decides the framing and puts the header in the write buffer.
+func (w *h1Response) commit() {
+	if w.committed {
+		return
+	}
+	w.committed = true
+	h := w.header
+	for _, v := range h["Trailer"] {
+		for _, k := range strings.Split(v, ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				w.trailers = append(w.trailers, http.CanonicalHeaderKey(k))
+			}
+		}
+	}
+	delete(h, "Transfer-Encoding") // the framing is the server's
+	if w.handlerDone && len(w.trailers) == 0 && !w.noBody && w.cl < 0 {
+		w.cl = int64(len(w.pending))
+		h["Content-Length"] = []string{strconv.Itoa(len(w.pending))}
+	}
+	if !bodyAllowed(w.status) {
+		delete(h, "Content-Length")
+		if w.status == http.StatusNotModified {
+			delete(h, "Content-Type")
+		}
+	}
+	if w.wants10KA && (w.isHEAD || w.cl >= 0 || !bodyAllowed(w.status)) {
+		if _, ok := h["Connection"]; !ok {
+			h["Connection"] = []string{"keep-alive"}
+		}
+	} else if !w.is11 || w.wantsClose {
+		w.closeAfter = true
+	}
+	if httpguts.HeaderValuesContainsToken(h["Connection"], "close") || w.hc.p.closing.Load() {
+		w.closeAfter = true
+	}
+	if w.expect && !w.body.sawEOF.Load() {
+		// 100-continue asked and the body not read to its end: the guest
+		// may never send it, so where the next request starts is unknown.
+		w.closeAfter = true
+	}
+	switch {
+	case w.noBody:
+	case w.cl >= 0:
+	case w.is11:
+		w.chunked = true
+		delete(h, "Content-Length")
+	default:
+		w.closeAfter = true
+	}
+	if w.closeAfter && !httpguts.HeaderValuesContainsToken(h["Connection"], "close") {
+		delete(h, "Connection")
+		if w.is11 {
+			h["Connection"] = []string{"close"}
+		}
+	}
+	if _, ok := h["Date"]; !ok {
+		h["Date"] = []string{httpDate()}
+	}
+	bw := w.hc.bw
+	w.statusLine(w.status)
+	writeFields(bw, h, false)
+	if w.chunked {
+		bw.WriteString("Transfer-Encoding: chunked\r\n")
+	}
+	bw.WriteString("\r\n")
+}
+
+// writeFields writes a header block, dropping invalid names and folding
+// any CR or LF in a value into a space, as net/http does.
+func writeFields(bw *bufio.Writer, h http.Header, informational bool) {
+	for k, vv := range h {
+		if informational && (k == "Content-Length" || k == "Transfer-Encoding") {
+			continue
+		}
+		if !httpguts.ValidHeaderFieldName(k) {
+			continue
+		}
+		for _, v := range vv {
+			if strings.ContainsAny(v, "\r\n") {
+				v = strings.NewReplacer("\r", " ", "\n", " ").Replace(v)
+			}
+			bw.WriteString(k)
+			bw.WriteString(": ")
+			bw.WriteString(strings.TrimSpace(v))
+			bw.WriteString("\r\n")
+		}
+	}
+}
+
+func (w *h1Response) Write(b []byte) (int, error) {
+	if w.hijacked {
+		return 0, http.ErrHijacked
+	}
+	w.stopContinue()
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if len(b) == 0 {
+		return 0, nil
+	}
+	if !bodyAllowed(w.status) {
+		return 0, http.ErrBodyNotAllowed
+	}
+	w.written += int64(len(b))
+	if w.cl >= 0 && w.written > w.cl {
+		return 0, http.ErrContentLength
+	}
+	if !w.committed {
+		if len(w.pending)+len(b) <= pendingMax {
+			w.pending = append(w.pending, b...)
+			return len(b), nil
+		}
+		w.commit()
+		w.writeBody(w.pending)
+		w.pending = w.pending[:0]
+	}
+	w.writeBody(b)
+	if w.werr != nil {
+		return 0, w.werr
+	}
+	return len(b), nil
+}
+
+func (w *h1Response) writeBody(b []byte) {
+	if len(b) == 0 || w.isHEAD || w.werr != nil {
+		return
+	}
+	bw := w.hc.bw
+	if w.chunked {
+		bw.Write(strconv.AppendInt(w.scratch[:0], int64(len(b)), 16))
+		bw.WriteString("\r\n")
+	}
+	if _, err := bw.Write(b); err != nil {
+		w.werr = err
+		return
+	}
+	if w.chunked {
+		bw.WriteString("\r\n")
+	}
+}
+
+// Flush sends the header and what was written so far.
+func (w *h1Response) Flush() { w.FlushError() }
+
+func (w *h1Response) FlushError() error {
+	if w.hijacked {
+		return http.ErrHijacked
+	}
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !w.committed {
+		w.commit()
+		w.writeBody(w.pending)
+		w.pending = w.pending[:0]
+	}
+	if w.werr == nil {
+		w.werr = w.hc.bw.Flush()
+	}
+	return w.werr
+}
+
+// ReadFrom sends a body of known length through the guest connection's
+// own ReadFrom (the h1 guard moves a rawBody through a large buffer); any
+// other body is copied through Write.
+func (w *h1Response) ReadFrom(src io.Reader) (int64, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	sb, ok := src.(*rawBody)
+	rf, rfOK := w.hc.c.(io.ReaderFrom)
+	if !ok || !rfOK || !w.committed || w.chunked || w.noBody || w.cl < 0 || w.written+sb.n > w.cl || w.hijacked {
+		return copyVia(struct{ io.Writer }{w}, src)
+	}
+	if err := w.FlushError(); err != nil {
+		return 0, err
+	}
+	n, err := rf.ReadFrom(sb)
+	w.written += n
+	if err != nil {
+		w.werr = err
+	}
+	return n, err
+}
+
+// Hijack hands the connection to the handler (CONNECT, WebSocket): the
+// server stops serving it and no longer waits for it at shutdown.
+func (w *h1Response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if w.hijacked {
+		return nil, nil, http.ErrHijacked
+	}
+	hc := w.hc
+	if w.committed {
+		if err := hc.bw.Flush(); err != nil {
+			return nil, nil, err
+		}
+	}
+	w.hijacked = true
+	hc.p.removeH1(hc)
+	return hc.c, bufio.NewReadWriter(hc.br, hc.bw), nil
+}
+
+// finish completes the answer after the handler returned and reports
+// whether the connection can carry another request.
+func (w *h1Response) finish() bool {
+	w.handlerDone = true
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if !w.committed {
+		w.commit()
+		w.writeBody(w.pending)
+		w.pending = w.pending[:0]
+	}
+	bw := w.hc.bw
+	if w.chunked && w.werr == nil {
+		bw.WriteString("0\r\n")
+		for _, k := range w.trailers {
+			for _, v := range w.header[k] {
+				if strings.ContainsAny(v, "\r\n") || !httpguts.ValidHeaderFieldName(k) {
+					continue
+				}
+				bw.WriteString(k)
+				bw.WriteString(": ")
+				bw.WriteString(strings.TrimSpace(v))
+				bw.WriteString("\r\n")
+			}
+		}
+		bw.WriteString("\r\n")
+	}
+	keep := !w.closeAfter
+	if !w.noBody && w.cl >= 0 && w.written != w.cl {
+		keep = false // the answer is short: the guest must see it cut
+	}
+	if keep && w.body != nil && !w.body.drain() {
+		keep = false
+	}
+	if w.werr == nil {
+		w.werr = bw.Flush()
+	}
+	return keep && w.werr == nil
+}
+
+// hdrClock bounds reading one request header (HandshakeTimeout) without a
+// deadline change per request: begin and end only store a time, and one
+// timer per connection looks at it.
+type hdrClock struct {
+	since atomic.Int64 // unix nanoseconds when the header started; 0 between headers
+	d     time.Duration
+	c     net.Conn
+	t     *time.Timer
+}
+
+func (k *hdrClock) start(c net.Conn, d time.Duration) {
+	k.c, k.d = c, d
+	k.t = time.AfterFunc(d, k.check)
+}
+
+func (k *hdrClock) check() {
+	s := k.since.Load()
+	if s == 0 {
+		k.t.Reset(k.d)
+		return
+	}
+	late := time.Duration(time.Now().UnixNano() - s)
+	if late >= k.d {
+		k.c.Close()
+		return
+	}
+	k.t.Reset(k.d - late)
+}
+
+func (k *hdrClock) begin() { k.since.Store(time.Now().UnixNano()) }
+func (k *hdrClock) end()   { k.since.Store(0) }
+func (k *hdrClock) stop()  { k.t.Stop() }
+
+// httpDate is the Date field, formatted once per second.
+func httpDate() string {
+	now := time.Now()
+	sec := now.Unix()
+	if d := cachedDate.Load(); d != nil && d.sec == sec {
+		return d.s
+	}
+	d := &dateValue{sec: sec, s: now.UTC().Format(http.TimeFormat)}
+	cachedDate.Store(d)
+	return d.s
+}
+
+type dateValue struct {
+	sec int64
+	s   string
+}
+
+var cachedDate atomic.Pointer[dateValue]
+
+// addH1 registers a served connection for shutdown; false once the proxy
+// is shutting down.
+func (p *Proxy) addH1(hc *h1Conn) bool {
+	p.h1mu.Lock()
+	defer p.h1mu.Unlock()
+	if p.closing.Load() {
+		return false
+	}
+	if p.h1conns == nil {
+		p.h1conns = map[*h1Conn]struct{}{}
+	}
+	p.h1conns[hc] = struct{}{}
+	return true
+}
+
+func (p *Proxy) removeH1(hc *h1Conn) {
+	p.h1mu.Lock()
+	delete(p.h1conns, hc)
+	p.h1mu.Unlock()
+}
+
+// closeIdleH1 closes the connections waiting for a request and reports
+// how many are still serving one.
+func (p *Proxy) closeIdleH1() int {
+	p.h1mu.Lock()
+	defer p.h1mu.Unlock()
+	busy := 0
+	for hc := range p.h1conns {
+		if hc.idle.Load() {
+			hc.c.Close()
+		} else {
+			busy++
+		}
+	}
+	return busy
+}
+
+// acceptLoop serves every connection the listener accepts until it is
+// closed; temporary errors (out of file descriptors) are retried with a
+// growing pause, as net/http does.
+func (p *Proxy) acceptLoop(ctx context.Context, ln net.Listener) error {
+	var pause time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if p.closing.Load() {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Temporary() { //nolint:staticcheck // as net/http
+				pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+				p.log.Warn("accepting a connection", "err", err, "retry_in", pause)
+				time.Sleep(pause)
+				continue
+			}
+			return err
+		}
+		pause = 0
+		go p.serveOuter(ctx, c)
+	}
+}
