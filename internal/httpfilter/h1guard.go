@@ -38,6 +38,7 @@ type h1Guard struct {
 	upgrade  bool
 	remain   uint64 // body or chunk bytes still to skip
 	onReject func(reason string)
+	readErr  error // set once a request was refused (read side only)
 }
 
 type h1State int
@@ -66,13 +67,18 @@ func newH1Guard(c net.Conn, maxHeader int, onReject func(string)) *h1Guard {
 var noBulk atomic.Uint64
 
 func (g *h1Guard) Read(p []byte) (int, error) {
+	if g.readErr != nil {
+		return 0, g.readErr
+	}
 	n, err := g.Conn.Read(p)
 	if n > 0 && g.st != stPass {
 		if rej := g.scan(p[:n]); rej != nil {
 			g.refuse(rej)
-			// An OpError with Op "read" makes net/http drop the connection
-			// silently: the guard has already answered.
-			return 0, &net.OpError{Op: "read", Net: "tcp", Err: fmt.Errorf("request refused: %s", rej.reason)}
+			// An OpError with Op "read" makes the server drop the
+			// connection silently: the guard has already answered. Every
+			// later read fails the same way.
+			g.readErr = &net.OpError{Op: "read", Net: "tcp", Err: fmt.Errorf("request refused: %s", rej.reason)}
+			return 0, g.readErr
 		}
 	}
 	return n, err

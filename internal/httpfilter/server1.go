@@ -142,8 +142,7 @@ func (p *Proxy) serveH1(ctx context.Context, c net.Conn, h func(http.ResponseWri
 			}
 		}
 		hc.hdr.begin()
-		hc.skipBlankLines()
-		req, err := http.ReadRequest(hc.br)
+		req, err := hc.readRequest()
 		hc.hdr.end()
 		if err != nil {
 			hc.badRequest(err)
@@ -160,13 +159,16 @@ func (p *Proxy) serveH1(ctx context.Context, c net.Conn, h func(http.ResponseWri
 	}
 }
 
-// skipBlankLines drops CR and LF before a request line (RFC 9112 2.2), as
-// the h1 guard does.
-func (hc *h1Conn) skipBlankLines() {
+// readRequest reads the next request, dropping CR and LF before its
+// request line (RFC 9112 2.2), as the h1 guard does.
+func (hc *h1Conn) readRequest() (*http.Request, error) {
 	for {
 		b, err := hc.br.Peek(1)
-		if err != nil || (b[0] != '\r' && b[0] != '\n') {
-			return
+		if err != nil {
+			return nil, err
+		}
+		if b[0] != '\r' && b[0] != '\n' {
+			return http.ReadRequest(hc.br)
 		}
 		hc.br.Discard(1)
 	}

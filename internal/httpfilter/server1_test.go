@@ -512,3 +512,26 @@ func TestServerHeaderTimeout(t *testing.T) {
 		}
 	})
 }
+
+// TestServerClosesAfterGuardRefusal: once the h1 guard refuses a request
+// the connection ends at once (not at the client's timeout), before or
+// after a request it served.
+func TestServerClosesAfterGuardRefusal(t *testing.T) {
+	bothForms(t, func(t *testing.T, inTunnel bool) {
+		for _, first := range []bool{false, true} {
+			f, _, _ := newFraming(t, inTunnel, hopts{})
+			if first {
+				f.send(f.req("GET", "/echo/ok", "", ""))
+				f.read("GET")
+			}
+			f.send(f.req("POST", "/echo/bad", "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n", "0\r\n\r\n"))
+			if resp, _ := f.read("POST"); resp.StatusCode != 400 {
+				t.Fatalf("CL with TE: %d, want 400", resp.StatusCode)
+			}
+			start := time.Now()
+			if !f.closed() || time.Since(start) > 2*time.Second {
+				t.Fatalf("after a refusal the connection stayed open for %v", time.Since(start))
+			}
+		}
+	})
+}
