@@ -244,8 +244,7 @@ func unhex(c byte) int {
 // reports that the host was numeric.
 func numericHost(s string) (netip.Addr, bool, error) {
 	s = strings.TrimSuffix(s, ".")
-	parts := strings.Split(s, ".")
-	if !isNumber(parts[len(parts)-1]) {
+	if !isNumber(s[strings.LastIndexByte(s, '.')+1:]) { // the last label
 		return netip.Addr{}, false, nil
 	}
 	if a, err := netip.ParseAddr(s); err == nil && a.Is4() {

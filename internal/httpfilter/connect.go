@@ -42,8 +42,8 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record
 		p.finish(rec)
 		return
 	}
-	use, release := p.hold(t)
-	defer release()
+	use := p.hold(t)
+	defer p.unhold(use)
 	if use.revoked.Load() {
 		p.refuse(w, rec, http.StatusForbidden, ReasonRevoked, true)
 		p.finish(rec)
@@ -244,7 +244,7 @@ func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target,
 		return
 	}
 	client = withPrefix(client, first[:])
-	sc := &scope{connect: t, checked: checked, scheme: "https", defaultPort: 443}
+	sc := &scope{connect: t, authority: t.Authority(), checked: checked, scheme: "https", defaultPort: 443}
 	if first[0] != 0x16 { // not a TLS handshake record
 		client.SetReadDeadline(time.Time{})
 		sc.scheme, sc.defaultPort = "http", 80
@@ -300,7 +300,7 @@ func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target,
 // guard until it ends. Its requests carry the tunnel's scope and not the
 // guest's outer connection: the tunnel itself is held.
 func (p *Proxy) serveInnerH1(ctx context.Context, c net.Conn, sc *scope) {
-	onReject := func(reason string) { p.guardRefused(c.RemoteAddr().String(), sc.connect.Authority(), reason) }
+	onReject := func(reason string) { p.guardRefused(c.RemoteAddr().String(), sc.authority, reason) }
 	ctx = context.WithValue(context.WithValue(ctx, connKey{}, nil), scopeKey{}, sc)
 	p.serveH1(ctx, newH1Guard(c, p.cfg.MaxHeaderBytes, onReject), p.serveInner)
 }

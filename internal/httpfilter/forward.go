@@ -22,6 +22,7 @@ import (
 // scope is what an intercepted connection was opened for.
 type scope struct {
 	connect     egress.Target
+	authority   string          // connect.Authority(), once per tunnel
 	checked     *egress.Checked // what the CONNECT checked; nil for the healthcheck
 	scheme      string          // https for intercepted TLS, http for plain bytes in a tunnel
 	defaultPort uint16
@@ -38,7 +39,8 @@ type fwdState struct {
 	scheme      string
 	defaultPort uint16
 	rec         *record
-	sent        atomic.Int64 // request body bytes sent upstream
+	sent        atomic.Int64   // request body bytes sent upstream
+	cw          countingWriter // the guest's answer (one allocation with the state)
 }
 
 // ServeHTTP handles the guest's connection to the proxy: absolute-form
@@ -109,7 +111,7 @@ func (p *Proxy) serveInner(w http.ResponseWriter, r *http.Request) {
 		p.finish(rec)
 		return
 	}
-	rec.connect = sc.connect.Authority()
+	rec.connect = sc.authority
 	rec.sni = sc.sni
 	rec.setTarget(sc.connect)
 	// An HTTP/1 refusal closes the connection; on HTTP/2 only the stream
@@ -183,15 +185,15 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &st.sent}
 	}
-	cw := &countingWriter{ResponseWriter: w, rec: rec, upgrade: len(r.Header["Upgrade"]) > 0}
+	st.cw = countingWriter{ResponseWriter: w, rec: rec, upgrade: len(r.Header["Upgrade"]) > 0}
+	cw := &st.cw
 	// A plain-HTTP exchange on the guest's own connection may stream or
 	// upgrade for hours: hold it for this target. (Inside a CONNECT tunnel
 	// the tunnel itself is held.)
 	var use *liveUse
 	if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
-		var release func()
-		use, release = p.hold(t)
-		defer release()
+		use = p.hold(t)
+		defer p.unhold(use)
 		if !use.attach(c) {
 			// The policy changed while this request was being decided.
 			p.refuse(w, rec, http.StatusForbidden, ReasonRevoked, true)
@@ -199,13 +201,12 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record
 			return
 		}
 	}
-	release, ok := p.acquireUpstream(r.Context())
-	if !ok {
+	if !p.acquireUpstream(r.Context()) {
 		p.refuse(w, rec, http.StatusServiceUnavailable, ReasonUpstreamBusy, false)
 		p.finish(rec)
 		return
 	}
-	defer release()
+	defer p.releaseUpstream()
 	abort := p.forward(r.Context(), cw, r, st)
 	rec.up = st.sent.Load()
 	if use != nil && use.revoked.Load() {

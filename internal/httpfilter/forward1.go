@@ -13,6 +13,8 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
+
+	"github.com/abox-dev/abox/internal/egress"
 )
 
 // hopHeaders are the hop-by-hop fields (RFC 9110 7.6.1) and the proxy's own,
@@ -126,7 +128,7 @@ func (p *Proxy) reverseProxy(ctx context.Context, w *countingWriter, r *http.Req
 func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request, st *fwdState, u *upConn) (abort bool, err error) {
 	// The guest going away (or a revocation closing its connection) ends
 	// the exchange at once, whatever the origin is doing.
-	stop := context.AfterFunc(ctx, u.close)
+	stop := context.AfterFunc(ctx, u.closeF)
 	reuse := false
 	defer func() {
 		if stop() && reuse {
@@ -140,30 +142,28 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 	u.lim.read = 0
 	// The response header timeout runs from the end of the request, body
 	// included, as http.Transport's does: an upload may take longer.
-	var wdone chan error
-	var hdrMu sync.Mutex
-	hdrDone := false
+	var up *upload
 	if out.Body != nil {
 		// A body is written while the answer is read: an origin may answer
 		// (413, 401) before it has read the body.
-		wdone = make(chan error, 1)
+		up = &upload{done: make(chan error, 1)}
 		go func() {
 			err := out.Write(u.bw)
 			if err == nil {
 				err = u.bw.Flush()
 			}
 			if err == nil {
-				hdrMu.Lock()
-				if !hdrDone {
+				up.mu.Lock()
+				if !up.hdrDone {
 					u.c.SetReadDeadline(time.Now().Add(p.cfg.ResponseHeaderTimeout))
 				}
-				hdrMu.Unlock()
+				up.mu.Unlock()
 			} else if cb, ok := out.Body.(*countingBody); ok && cb.broken.Load() {
 				// The guest's body broke: the request can never be
 				// complete, so the origin's answer is not waited for.
 				u.close()
 			}
-			wdone <- err
+			up.done <- err
 		}()
 	} else {
 		err := out.Write(u.bw)
@@ -192,10 +192,14 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		resp, err = http.ReadResponse(u.br, out)
 	}
 	u.lim.limited = false
-	hdrMu.Lock()
-	hdrDone = true
-	u.c.SetReadDeadline(time.Time{})
-	hdrMu.Unlock()
+	if up != nil {
+		up.mu.Lock()
+		up.hdrDone = true
+		u.c.SetReadDeadline(time.Time{})
+		up.mu.Unlock()
+	} else {
+		u.c.SetReadDeadline(time.Time{})
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return false, ctx.Err()
@@ -224,9 +228,9 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 	}
 	relayTrailers(w, resp)
 	reuse = !resp.Close && !out.Close
-	if wdone != nil {
+	if up != nil {
 		select {
-		case werr := <-wdone:
+		case werr := <-up.done:
 			reuse = reuse && werr == nil
 		default:
 			// The origin answered before it took the whole body: this
@@ -235,6 +239,15 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		}
 	}
 	return false, nil
+}
+
+// upload is the state exchange shares with the goroutine writing a request
+// body: whether the response header has arrived (its timeout starts only
+// once the body is sent) and how the write ended.
+type upload struct {
+	mu      sync.Mutex
+	hdrDone bool
+	done    chan error
 }
 
 // exchangeH2 sends r over the shared HTTP/2 connection cc and copies the
@@ -391,8 +404,9 @@ func isEventStream(h http.Header) bool {
 // User-Agent where the guest sent none.
 func (p *Proxy) outbound(r *http.Request, st *fwdState) *http.Request {
 	t := st.checked.Target
+	auth := t.Authority()
 	u := *r.URL
-	u.Scheme, u.Host, u.User = st.scheme, t.Authority(), nil
+	u.Scheme, u.Host, u.User = st.scheme, auth, nil
 	h := r.Header
 	keepTE := httpguts.HeaderValuesContainsToken(h["Te"], "trailers")
 	removeHopByHop(h)
@@ -412,7 +426,7 @@ func (p *Proxy) outbound(r *http.Request, st *fwdState) *http.Request {
 		ProtoMajor:    1,
 		ProtoMinor:    1,
 		Header:        h,
-		Host:          t.HostHeader(st.defaultPort),
+		Host:          hostHeader(t, auth, st.defaultPort),
 		ContentLength: r.ContentLength,
 		Trailer:       r.Trailer,
 	}
@@ -420,6 +434,14 @@ func (p *Proxy) outbound(r *http.Request, st *fwdState) *http.Request {
 		out.Body = r.Body
 	}
 	return out
+}
+
+// hostHeader is t.HostHeader(defaultPort) reusing its authority.
+func hostHeader(t egress.Target, auth string, defaultPort uint16) string {
+	if t.Port == defaultPort {
+		return t.HostHeader(defaultPort)
+	}
+	return auth
 }
 
 func isReset(err error) bool {

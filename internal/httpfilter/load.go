@@ -85,19 +85,22 @@ func (p *Proxy) refuseRate(w http.ResponseWriter, rec *record, closeConn bool) {
 
 // acquireUpstream takes one of the instance's upstream slots, waiting up to
 // the configured time; release gives it back.
-func (p *Proxy) acquireUpstream(ctx context.Context) (release func(), ok bool) {
+func (p *Proxy) acquireUpstream(ctx context.Context) bool {
 	select {
 	case p.limits.upstream <- struct{}{}:
-		return func() { <-p.limits.upstream }, true
+		return true
 	default:
 	}
 	t := time.NewTimer(p.limits.wait)
 	defer t.Stop()
 	select {
 	case p.limits.upstream <- struct{}{}:
-		return func() { <-p.limits.upstream }, true
+		return true
 	case <-t.C:
 	case <-ctx.Done():
 	}
-	return nil, false
+	return false
 }
+
+// releaseUpstream gives back a slot acquireUpstream took.
+func (p *Proxy) releaseUpstream() { <-p.limits.upstream }

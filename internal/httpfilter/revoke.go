@@ -64,13 +64,13 @@ type liveSet struct {
 	m  map[*liveUse]struct{}
 }
 
-// hold registers a use of t until release is called, then re-applies the
+// hold registers a use of t until unhold is called, then re-applies the
 // policy: a decision taken (or a lookup still running) when the policy
 // changed may have been missed by the pass that closed everything else, so
 // a use the policy in force no longer allows starts revoked. The order
 // matters: registered first, any later change finds it.
-func (p *Proxy) hold(t egress.Target) (u *liveUse, release func()) {
-	u = &liveUse{t: t}
+func (p *Proxy) hold(t egress.Target) *liveUse {
+	u := &liveUse{t: t}
 	p.live.mu.Lock()
 	if p.live.m == nil {
 		p.live.m = map[*liveUse]struct{}{}
@@ -80,11 +80,14 @@ func (p *Proxy) hold(t egress.Target) (u *liveUse, release func()) {
 	if !p.stillAllowed(t) {
 		u.revoke()
 	}
-	return u, func() {
-		p.live.mu.Lock()
-		delete(p.live.m, u)
-		p.live.mu.Unlock()
-	}
+	return u
+}
+
+// unhold ends a use hold registered.
+func (p *Proxy) unhold(u *liveUse) {
+	p.live.mu.Lock()
+	delete(p.live.m, u)
+	p.live.mu.Unlock()
 }
 
 // stillAllowed re-applies the name part of the decision path to an open

@@ -56,6 +56,15 @@ type upConn struct {
 	bw     *bufio.Writer
 	pooled bool      // it can be put back (its key is a real address)
 	idleAt time.Time // when it was put back
+
+	// For alive's peek, set once at dial: the raw socket (nil when it has
+	// none), the callback and its result.
+	rc       syscall.RawConn
+	rcErr    bool
+	peekFn   func(fd uintptr) bool
+	closeF   func() // u.close as a func value, made once
+	peekBuf  [1]byte
+	peekDead bool
 }
 
 func (u *upConn) close() { u.c.Close() }
@@ -133,7 +142,7 @@ func (p *upstreamPool) get(c *egress.Checked, useTLS bool) (*upConn, *http2.Clie
 				stale = append(stale, u)
 				continue
 			}
-			p.setIdle(k, list)
+			p.idle[k] = list // kept when empty: the next put reuses it (sweep deletes it)
 			p.mu.Unlock()
 			closeAll(stale)
 			return u, nil
@@ -247,28 +256,42 @@ func (u *upConn) alive() bool {
 	if u.br.Buffered() > 0 {
 		return false // bytes past the last response: they would answer the next request
 	}
+	if u.rcErr {
+		return false
+	}
+	if u.rc == nil {
+		return true
+	}
+	u.peekDead = false
+	u.rc.Read(u.peekFn)
+	return !u.peekDead
+}
+
+// peek is alive's non-blocking look at the socket.
+func (u *upConn) peek(fd uintptr) bool {
+	n, _, err := syscall.Recvfrom(int(fd), u.peekBuf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	switch {
+	case errors.Is(err, syscall.EAGAIN):
+	case err != nil || n == 0:
+		u.peekDead = true // reset, or closed by the origin
+	case !u.key.tls:
+		u.peekDead = true // bytes nobody asked for
+	}
+	return true
+}
+
+// setPeek readies alive's peek for u's socket.
+func (u *upConn) setPeek() {
 	sc, ok := u.raw.Conn.(syscall.Conn)
 	if !ok {
-		return true
+		return
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return false
+		u.rcErr = true
+		return
 	}
-	alive := true
-	var b [1]byte
-	rc.Read(func(fd uintptr) bool {
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		switch {
-		case errors.Is(err, syscall.EAGAIN):
-		case err != nil || n == 0:
-			alive = false // reset, or closed by the origin
-		case !u.key.tls:
-			alive = false // bytes nobody asked for
-		}
-		return true
-	})
-	return alive
+	u.rc, u.peekFn = rc, u.peek
 }
 
 // dialUpstreamConn opens a connection to one of st's checked addresses:
@@ -284,6 +307,8 @@ func (p *Proxy) dialUpstreamConn(ctx context.Context, st *fwdState) (*upConn, *h
 	t := st.checked.Target
 	useTLS := st.scheme == "https"
 	u := &upConn{t: t, raw: raw, c: raw}
+	u.closeF = u.close
+	u.setPeek()
 	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
 		u.key = upstreamKey{addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), host: t.Host(), tls: useTLS}
 		u.pooled = true
