@@ -1,6 +1,7 @@
 package httpfilter
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -166,7 +167,7 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 			up.done <- err
 		}()
 	} else {
-		err := out.Write(u.bw)
+		err := writeRequest(u.bw, out)
 		if err == nil {
 			err = u.bw.Flush()
 		}
@@ -434,6 +435,64 @@ func (p *Proxy) outbound(r *http.Request, st *fwdState) *http.Request {
 		out.Body = r.Body
 	}
 	return out
+}
+
+// writeRequest writes out (without a body) on bw as out.Write does. A GET
+// or HEAD with a plain ASCII host, the common case, is written here without
+// Request.Write's allocations: the request line with URL.RequestURI(), Host,
+// User-Agent (none when empty), then the other fields as writeFields
+// writes them (no Content-Length: a GET or HEAD without a body has none).
+// Anything else goes through Request.Write.
+func writeRequest(bw *bufio.Writer, out *http.Request) error {
+	host := out.Host
+	if out.Body != nil || out.Close || len(out.Trailer) > 0 ||
+		(out.Method != http.MethodGet && out.Method != http.MethodHead) ||
+		!plainHost(host) || !httpguts.ValidHostHeader(host) {
+		return out.Write(bw)
+	}
+	ruri := out.URL.RequestURI()
+	for i := 0; i < len(ruri); i++ {
+		if ruri[i] < ' ' || ruri[i] == 0x7f {
+			return out.Write(bw) // and its error
+		}
+	}
+	bw.WriteString(out.Method)
+	bw.WriteByte(' ')
+	bw.WriteString(ruri)
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	bw.WriteString(host)
+	bw.WriteString("\r\n")
+	ua := "Go-http-client/1.1"
+	if vs, ok := out.Header["User-Agent"]; ok {
+		ua = ""
+		if len(vs) > 0 {
+			ua = vs[0]
+		}
+	}
+	if ua != "" {
+		if strings.ContainsAny(ua, "\r\n") {
+			ua = strings.NewReplacer("\r", " ", "\n", " ").Replace(ua)
+		}
+		bw.WriteString("User-Agent: ")
+		bw.WriteString(strings.TrimSpace(ua))
+		bw.WriteString("\r\n")
+	}
+	writeFields(bw, out.Header, requestOwnFields)
+	_, err := bw.WriteString("\r\n")
+	return err
+}
+
+// requestOwnFields are written by writeRequest itself, or not at all.
+var requestOwnFields = map[string]bool{"Host": true, "User-Agent": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true}
+
+// plainHost: ASCII without a zone (Request.Write would convert or strip).
+func plainHost(h string) bool {
+	for i := 0; i < len(h); i++ {
+		if h[i] >= 0x80 || h[i] == '%' {
+			return false
+		}
+	}
+	return h != ""
 }
 
 // hostHeader is t.HostHeader(defaultPort) reusing its authority.

@@ -448,7 +448,7 @@ func (w *h1Response) writeInformational(code int) {
 	defer w.continueMu.Unlock()
 	bw := w.hc.bw
 	w.statusLine(code)
-	writeFields(bw, w.header, true)
+	writeFields(bw, w.header, noBodyFields)
 	bw.WriteString("\r\n")
 	if err := bw.Flush(); err != nil {
 		w.werr = err
@@ -537,18 +537,22 @@ func (w *h1Response) commit() {
 	}
 	bw := w.hc.bw
 	w.statusLine(w.status)
-	writeFields(bw, h, false)
+	writeFields(bw, h, nil)
 	if w.chunked {
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
 	}
 	bw.WriteString("\r\n")
 }
 
-// writeFields writes a header block, dropping invalid names and folding
-// any CR or LF in a value into a space, as net/http does.
-func writeFields(bw *bufio.Writer, h http.Header, informational bool) {
+// noBodyFields are left out of a 1xx answer's header.
+var noBodyFields = map[string]bool{"Content-Length": true, "Transfer-Encoding": true}
+
+// writeFields writes a header block but the names in skip, dropping
+// invalid names and folding any CR or LF in a value into a space, as
+// net/http does.
+func writeFields(bw *bufio.Writer, h http.Header, skip map[string]bool) {
 	for k, vv := range h {
-		if informational && (k == "Content-Length" || k == "Transfer-Encoding") {
+		if skip[k] {
 			continue
 		}
 		if !httpguts.ValidHeaderFieldName(k) {

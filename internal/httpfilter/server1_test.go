@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -535,4 +537,51 @@ func TestServerClosesAfterGuardRefusal(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestWriteRequestAsRequestWrite: the upstream request writer's fast path
+// puts the same request on the wire as Request.Write, header order aside
+// (it writes them unsorted), and leaves every other request to it.
+func TestWriteRequestAsRequestWrite(t *testing.T) {
+	mk := func(method, target, host string, h http.Header) *http.Request {
+		u, err := url.Parse(target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &http.Request{Method: method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Host: host, Header: h}
+	}
+	cases := []*http.Request{
+		mk("GET", "http://a.test/x", "a.test", http.Header{"User-Agent": {""}, "Accept": {"*/*"}}),
+		mk("GET", "http://a.test:8080/p%20q/r?s=1&t=%2F", "a.test:8080", http.Header{"User-Agent": {" curl/8\r"}, "X-Multi": {"1", "2"}, "Cookie": {"a=b"}}),
+		mk("HEAD", "http://[::1]:81/", "[::1]:81", http.Header{"X-Cr": {"a\rb\nc"}, "X-Pad": {"  v  "}}),
+		mk("GET", "http://a.test/", "a.test", http.Header{"Bad Name": {"v"}, "Content-Length": {"5"}, "Trailer": {"X"}, "Host": {"other.test"}}),
+		mk("GET", "http://a.test/", "a.test", http.Header{}),
+		mk("POST", "http://a.test/", "a.test", http.Header{"User-Agent": {""}}),
+		mk("GET", "http://a.test/", "bücher.test", http.Header{"User-Agent": {""}}),
+	}
+	for i, r := range cases {
+		var want, got strings.Builder
+		bw := bufio.NewWriter(&want)
+		if err := r.Write(bw); err != nil {
+			t.Fatal(err)
+		}
+		bw.Flush()
+		bw = bufio.NewWriter(&got)
+		if err := writeRequest(bw, r); err != nil {
+			t.Fatal(err)
+		}
+		bw.Flush()
+		if sortedLines(got.String()) != sortedLines(want.String()) {
+			t.Errorf("case %d:\n got %q\nwant %q", i, got.String(), want.String())
+		}
+	}
+}
+
+// sortedLines is a request head with its field lines sorted (the request
+// line stays first).
+func sortedLines(s string) string {
+	head, rest, _ := strings.Cut(s, "\r\n")
+	lines := strings.Split(strings.TrimSuffix(rest, "\r\n\r\n"), "\r\n")
+	sort.Strings(lines)
+	return head + "|" + strings.Join(lines, "|") + "|" + strings.TrimPrefix(rest, strings.TrimSuffix(rest, "\r\n\r\n"))
 }
