@@ -629,6 +629,16 @@ func (w *h1Response) FlushError() error {
 	if w.hijacked {
 		return http.ErrHijacked
 	}
+	w.startBody()
+	if w.werr == nil {
+		w.werr = w.hc.bw.Flush()
+	}
+	return w.werr
+}
+
+// startBody puts the header (200 if none was set) and what was held back
+// of the body in the write buffer.
+func (w *h1Response) startBody() {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
@@ -637,10 +647,6 @@ func (w *h1Response) FlushError() error {
 		w.writeBody(w.pending)
 		w.pending = w.pending[:0]
 	}
-	if w.werr == nil {
-		w.werr = w.hc.bw.Flush()
-	}
-	return w.werr
 }
 
 // ReadFrom sends a body of known length through the guest connection's
@@ -687,14 +693,7 @@ func (w *h1Response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // whether the connection can carry another request.
 func (w *h1Response) finish() bool {
 	w.handlerDone = true
-	if !w.wroteHeader {
-		w.WriteHeader(http.StatusOK)
-	}
-	if !w.committed {
-		w.commit()
-		w.writeBody(w.pending)
-		w.pending = w.pending[:0]
-	}
+	w.startBody()
 	bw := w.hc.bw
 	if w.chunked && w.werr == nil {
 		bw.WriteString("0\r\n")

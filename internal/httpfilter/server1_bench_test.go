@@ -31,8 +31,7 @@ func BenchmarkKeepAlive(b *testing.B) {
 				}
 				ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*leaf}, NextProtos: []string{"http/1.1"}})
 			}
-			b.Cleanup(func() { ln.Close() })
-			go rawOrigin(ln)
+			serveRaw(b, ln, rawOrigin)
 			_, pt, _ := net.SplitHostPort(ln.Addr().String())
 			h.allowOrigin("origin.test", nil, pt)
 			host := "origin.test:" + pt
@@ -71,26 +70,16 @@ func BenchmarkKeepAlive(b *testing.B) {
 	}
 }
 
-// rawOrigin answers every GET on every connection with a fixed 200.
-func rawOrigin(ln net.Listener) {
+// rawOrigin answers every GET on c with a fixed 200.
+func rawOrigin(c net.Conn, br *bufio.Reader) {
 	const resp = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nDate: Tue, 01 Dec 2026 20:00:00 GMT\r\nContent-Length: 2\r\n\r\nok"
 	for {
-		c, err := ln.Accept()
-		if err != nil {
+		if _, err := readRawResponse(br); err != nil { // a request header: the same loop
 			return
 		}
-		go func() {
-			defer c.Close()
-			br := bufio.NewReader(c)
-			for {
-				if _, err := readRawResponse(br); err != nil { // a request header: the same loop
-					return
-				}
-				if _, err := io.WriteString(c, resp); err != nil {
-					return
-				}
-			}
-		}()
+		if _, err := io.WriteString(c, resp); err != nil {
+			return
+		}
 	}
 }
 

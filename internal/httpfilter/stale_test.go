@@ -41,7 +41,7 @@ func startDroppingOrigin(t *testing.T) *droppingOrigin {
 }
 
 // serveRaw runs serve on every connection ln accepts, until the test ends.
-func serveRaw(t *testing.T, ln net.Listener, serve func(net.Conn, *bufio.Reader)) {
+func serveRaw(t testing.TB, ln net.Listener, serve func(net.Conn, *bufio.Reader)) {
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
