@@ -474,7 +474,7 @@ func writeRequest(bw *bufio.Writer, out *http.Request) error {
 			ua = strings.NewReplacer("\r", " ", "\n", " ").Replace(ua)
 		}
 		bw.WriteString("User-Agent: ")
-		bw.WriteString(strings.TrimSpace(ua))
+		bw.WriteString(textproto.TrimString(ua))
 		bw.WriteString("\r\n")
 	}
 	writeFields(bw, out.Header, requestOwnFields)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
@@ -486,7 +487,7 @@ func (w *h1Response) commit() {
 	h := w.header
 	for _, v := range h["Trailer"] {
 		for _, k := range strings.Split(v, ",") {
-			if k = strings.TrimSpace(k); k != "" {
+			if k = textproto.TrimString(k); k != "" {
 				w.trailers = append(w.trailers, http.CanonicalHeaderKey(k))
 			}
 		}
@@ -564,7 +565,7 @@ func writeFields(bw *bufio.Writer, h http.Header, skip map[string]bool) {
 			}
 			bw.WriteString(k)
 			bw.WriteString(": ")
-			bw.WriteString(strings.TrimSpace(v))
+			bw.WriteString(textproto.TrimString(v))
 			bw.WriteString("\r\n")
 		}
 	}
@@ -704,7 +705,7 @@ func (w *h1Response) finish() bool {
 				}
 				bw.WriteString(k)
 				bw.WriteString(": ")
-				bw.WriteString(strings.TrimSpace(v))
+				bw.WriteString(textproto.TrimString(v))
 				bw.WriteString("\r\n")
 			}
 		}

@@ -558,6 +558,9 @@ func TestWriteRequestAsRequestWrite(t *testing.T) {
 		mk("GET", "http://a.test/", "a.test", http.Header{}),
 		mk("POST", "http://a.test/", "a.test", http.Header{"User-Agent": {""}}),
 		mk("GET", "http://a.test/", "bücher.test", http.Header{"User-Agent": {""}}),
+		// obs-text and control bytes that only Unicode trimming would
+		// take off: Request.Write trims spaces, tabs, CR and LF alone.
+		mk("GET", "http://a.test/", "a.test", http.Header{"User-Agent": {"\u00a0ua\u0085"}, "X-Nbsp": {"\u00a0v\u00a0"}, "X-Ctl": {"\vv\f"}, "X-Wide": {"\u3000v\u2003"}}),
 	}
 	for i, r := range cases {
 		var want, got strings.Builder
@@ -584,4 +587,20 @@ func sortedLines(s string) string {
 	lines := strings.Split(strings.TrimSuffix(rest, "\r\n\r\n"), "\r\n")
 	sort.Strings(lines)
 	return head + "|" + strings.Join(lines, "|") + "|" + strings.TrimPrefix(rest, strings.TrimSuffix(rest, "\r\n\r\n"))
+}
+
+// TestWriteFieldsAsHeaderWrite: the header blocks the server loop writes
+// to the guest carry each value as http.Header.Write does: only spaces,
+// tabs, CR and LF are trimmed, never obs-text (U+00A0, U+0085) or other
+// control bytes, so a field keeps its bytes across the proxy.
+func TestWriteFieldsAsHeaderWrite(t *testing.T) {
+	h := http.Header{"X-Nbsp": {"\u00a0v\u00a0"}, "X-Nel": {"v\u0085"}, "X-Ctl": {"\vv\f"}, "X-Pad": {" \tv\t "}, "X-Crlf": {"a\r\nb"}}
+	var want, got strings.Builder
+	h.Write(&want)
+	bw := bufio.NewWriter(&got)
+	writeFields(bw, h, nil)
+	bw.Flush()
+	if sortedLines("x\r\n"+got.String()+"\r\n") != sortedLines("x\r\n"+want.String()+"\r\n") {
+		t.Errorf("got %q\nwant %q", got.String(), want.String())
+	}
 }
