@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // h1Guard validates every HTTP/1.x request header block that crosses a
@@ -35,6 +37,7 @@ type h1Guard struct {
 	clSeen   bool
 	clVal    []byte
 	teSeen   bool
+	hostSeen bool // a Host field, valid (one at most: the parser refuses more)
 	upgrade  bool
 	remain   uint64 // body or chunk bytes still to skip
 	onReject func(reason string)
@@ -184,6 +187,7 @@ func (g *h1Guard) scan(b []byte) *guardReject {
 func (g *h1Guard) reset() {
 	g.st, g.first, g.hdrBytes = stHeader, true, 0
 	g.method, g.http10, g.clSeen, g.clVal, g.teSeen, g.upgrade = g.method[:0], false, false, g.clVal[:0], false, false
+	g.hostSeen = false
 }
 
 // endLine handles one complete line (without its LF).
@@ -279,6 +283,14 @@ func (g *h1Guard) headerLine(line []byte) *guardReject {
 		g.teSeen = true
 	case bytes.EqualFold(name, []byte("Upgrade")):
 		g.upgrade = true
+	case bytes.EqualFold(name, []byte("Host")):
+		// http.ReadRequest drops the Host field of an absolute-form
+		// request, so the server loop cannot check it as net/http's
+		// server did (RFC 9112 3.2: 400 for an invalid one).
+		if !httpguts.ValidHostHeader(string(val)) {
+			return &guardReject{400, ReasonMalformedHost}
+		}
+		g.hostSeen = true
 	}
 	return nil
 }
@@ -291,6 +303,11 @@ func (g *h1Guard) endHeaders() *guardReject {
 	// chunks as the next request; RFC 9112 6.1 calls such framing faulty.
 	if g.teSeen && g.http10 {
 		return &guardReject{400, "transfer_encoding_in_http10"}
+	}
+	// RFC 9112 3.2: an HTTP/1.1 request without Host is a 400, whatever
+	// its target's form (an h2c preface is not HTTP/1).
+	if !g.hostSeen && !g.http10 && !bytes.Equal(g.method, []byte("CONNECT")) && !bytes.Equal(g.method, []byte("PRI")) {
+		return &guardReject{400, ReasonMissingHost}
 	}
 	switch {
 	case bytes.Equal(g.method, []byte("CONNECT")) || g.upgrade:

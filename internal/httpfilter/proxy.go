@@ -143,14 +143,20 @@ const (
 	ReasonConnectInTunnel = "connect_in_tunnel"
 	ReasonH2CUpgrade      = "h2c_upgrade"
 	ReasonUpgradeRefused  = "upgrade_not_supported"
-	ReasonTooManyConns    = "too_many_connections"
-	ReasonUpstreamConnect = "upstream_connect_failed"
-	ReasonUpstreamTLS     = "upstream_tls_failed"
-	ReasonUpstreamTimeout = "upstream_timeout"
-	ReasonUpstreamError   = "upstream_error"
-	ReasonClientHandshake = "client_tls_failed"
-	ReasonUserinfo        = "userinfo_in_target"
-	ReasonHTTPSInAbsolute = "https_needs_connect"
+	// Requests the server loop refuses before any handler sees them.
+	ReasonMalformedRequest = "malformed_request"
+	ReasonHTTPVersion      = "unsupported_http_version"
+	ReasonMissingHost      = "missing_host"
+	ReasonMalformedHost    = "malformed_host"
+	ReasonExpectation      = "unsupported_expectation"
+	ReasonTooManyConns     = "too_many_connections"
+	ReasonUpstreamConnect  = "upstream_connect_failed"
+	ReasonUpstreamTLS      = "upstream_tls_failed"
+	ReasonUpstreamTimeout  = "upstream_timeout"
+	ReasonUpstreamError    = "upstream_error"
+	ReasonClientHandshake  = "client_tls_failed"
+	ReasonUserinfo         = "userinfo_in_target"
+	ReasonHTTPSInAbsolute  = "https_needs_connect"
 )
 
 // New validates cfg and builds a proxy; nothing is served until Serve.
@@ -351,8 +357,8 @@ func (p *Proxy) track(c net.Conn, release func()) net.Conn {
 	return g
 }
 
-// guardRefused logs and counts a request the h1 guard refused before
-// net/http parsed it.
+// guardRefused logs and counts a request the h1 guard refused before it
+// was parsed, or the server loop refused before any handler saw it.
 func (p *Proxy) guardRefused(client, connect, reason string) {
 	status := 400
 	switch reason {
@@ -362,6 +368,10 @@ func (p *Proxy) guardRefused(client, connect, reason string) {
 		status = 414
 	case "unsupported_transfer_encoding":
 		status = 501
+	case ReasonHTTPVersion:
+		status = 505
+	case ReasonExpectation:
+		status = 417
 	}
 	p.finish(&record{start: time.Now(), kind: "http", client: client, connect: connect, status: status,
 		verdict: allowlist.Block, reason: reason, denialID: newDenialID()})

@@ -175,9 +175,9 @@ func (hc *h1Conn) readRequest() (*http.Request, error) {
 	}
 }
 
-// badRequest answers a request that could not be read, as net/http did:
-// nothing for a connection that ended or was refused by the guard (it has
-// answered), 501 for an unknown transfer coding, else 400.
+// badRequest answers a request that could not be read: nothing for a
+// connection that ended or was refused by the guard (it has answered and
+// logged), 501 for an unknown transfer coding, else 400 malformed_request.
 func (hc *h1Conn) badRequest(err error) {
 	if err == io.EOF {
 		return
@@ -188,23 +188,34 @@ func (hc *h1Conn) badRequest(err error) {
 	if oe, ok := err.(*net.OpError); ok && oe.Op == "read" {
 		return
 	}
-	const hdr = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 	if strings.Contains(err.Error(), "unsupported transfer encoding") {
-		io.WriteString(hc.c, "HTTP/1.1 501 Not Implemented"+hdr+"Unsupported transfer encoding")
+		hc.refuse(http.StatusNotImplemented, "unsupported_transfer_encoding", "Unsupported transfer encoding")
 		return
 	}
-	io.WriteString(hc.c, "HTTP/1.1 400 Bad Request"+hdr+"400 Bad Request")
+	hc.refuse(http.StatusBadRequest, ReasonMalformedRequest, "400 Bad Request")
+}
+
+// refuse answers a request the loop itself turns away before any handler
+// sees it (it cannot be parsed, or breaks a rule net/http's server
+// applies), with its reason in X-Abox-Reason, ends the connection and logs
+// the decision line as the guard's refusals are.
+func (hc *h1Conn) refuse(status int, reason, msg string) {
+	io.WriteString(hc.c, "HTTP/1.1 "+strconv.Itoa(status)+" "+http.StatusText(status)+
+		"\r\nContent-Type: text/plain; charset=utf-8\r\nX-Abox-Reason: "+reason+"\r\nConnection: close\r\n\r\n"+msg)
+	if g, ok := hc.c.(*h1Guard); ok && g.onReject != nil {
+		g.onReject(reason)
+	}
 }
 
 // serve runs the handler for req and reports whether the connection can
 // carry another request.
 func (hc *h1Conn) serve(req *http.Request) (keep bool) {
 	if req.ProtoMajor != 1 {
-		io.WriteString(hc.c, "HTTP/1.1 505 HTTP Version Not Supported\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n505 HTTP Version Not Supported: unsupported protocol version")
+		hc.refuse(http.StatusHTTPVersionNotSupported, ReasonHTTPVersion, "505 HTTP Version Not Supported: unsupported protocol version")
 		return false
 	}
-	if msg := invalidRequest(req); msg != "" {
-		io.WriteString(hc.c, "HTTP/1.1 400 Bad Request: "+msg+"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request: "+msg)
+	if reason, msg := invalidRequest(req); reason != "" {
+		hc.refuse(http.StatusBadRequest, reason, "400 Bad Request: "+msg)
 		return false
 	}
 	req.RemoteAddr = hc.remote
@@ -220,9 +231,7 @@ func (hc *h1Conn) serve(req *http.Request) (keep bool) {
 	}
 	if exp := req.Header["Expect"]; len(exp) > 0 {
 		if !httpguts.HeaderValuesContainsToken(exp[:1], "100-continue") {
-			w.header.Set("Connection", "close")
-			w.WriteHeader(http.StatusExpectationFailed)
-			w.finish()
+			hc.refuse(http.StatusExpectationFailed, ReasonExpectation, "417 Expectation Failed: only 100-continue is supported")
 			return false
 		}
 		if req.ProtoAtLeast(1, 1) && req.ContentLength != 0 && hc.body != nil {
@@ -255,29 +264,30 @@ func (hc *h1Conn) run(w *h1Response, req *http.Request) (ok bool) {
 	return true
 }
 
-// invalidRequest applies the checks net/http's server makes after parsing.
+// invalidRequest applies the checks net/http's server makes after parsing
+// and names the one that failed (reason code, message).
 // http.ReadRequest has moved the Host field into req.Host (the target's
 // authority wins for absolute-form, as RFC 9112 3.2.2 says), so an HTTP/1.1
 // request without either is the one refused for a missing Host.
-func invalidRequest(req *http.Request) string {
+func invalidRequest(req *http.Request) (reason, msg string) {
 	if req.Host == "" && req.ProtoAtLeast(1, 1) && req.Method != http.MethodConnect &&
 		!(req.Method == "PRI" && req.RequestURI == "*") {
-		return "missing required Host header"
+		return ReasonMissingHost, "missing required Host header"
 	}
 	if req.Host != "" && !httpguts.ValidHostHeader(req.Host) {
-		return "malformed Host header"
+		return ReasonMalformedHost, "malformed Host header"
 	}
 	for k, vv := range req.Header {
 		if !httpguts.ValidHeaderFieldName(k) {
-			return "invalid header name"
+			return "invalid_header", "invalid header name"
 		}
 		for _, v := range vv {
 			if !httpguts.ValidHeaderFieldValue(v) {
-				return "invalid header value"
+				return "invalid_header", "invalid header value"
 			}
 		}
 	}
-	return ""
+	return "", ""
 }
 
 // h1Body is a request body as the handler sees it. Close does not read

@@ -604,3 +604,48 @@ func TestWriteFieldsAsHeaderWrite(t *testing.T) {
 		t.Errorf("got %q\nwant %q", got.String(), want.String())
 	}
 }
+
+// TestServerLoopRefusalsLogged: a request the server loop itself refuses
+// (unparsable, not HTTP/1.x, no or a malformed Host, a bad field, an
+// unknown expectation) gets its reason in X-Abox-Reason, one blocked
+// decision line with that reason, and the end of the connection.
+func TestServerLoopRefusalsLogged(t *testing.T) {
+	bothForms(t, func(t *testing.T, inTunnel bool) {
+		cases := []struct {
+			text, reason string
+			status       int
+		}{
+			{" / HTTP/1.1\r\nHost: {H}\r\n\r\n", ReasonMalformedRequest, 400},
+			{"GET {T}\r\n\r\n", ReasonMalformedRequest, 400},
+			{"GET {T} HTTP/2.0\r\nHost: {H}\r\n\r\n", ReasonHTTPVersion, 505},
+			{"GET {T} HTTP/1.1\r\n\r\n", ReasonMissingHost, 400},
+			{"GET {T} HTTP/1.1\r\nHost: {H}\r\nHost: other.test\r\n\r\n", ReasonMalformedRequest, 400},
+			{"GET {T} HTTP/1.1\r\nHost: a b\r\n\r\n", ReasonMalformedHost, 400},
+			{"GET {T} HTTP/1.1\r\nHost: {H}\r\nX: a\x00b\r\n\r\n", ReasonMalformedRequest, 400},
+			{"GET {T} HTTP/1.1\r\nHost: {H}\r\nX: a\u0085b\r\nX\u00a0: v\r\n\r\n", "invalid_header", 400},
+			{"GET {T} HTTP/1.1\r\nHost: {H}\r\nExpect: 200-ok\r\n\r\n", ReasonExpectation, 417},
+		}
+		for _, c := range cases {
+			f, _, h := newFraming(t, inTunnel, hopts{})
+			text := strings.NewReplacer("{T}", f.prefix+"/echo/x", "{H}", f.host).Replace(c.text)
+			before := len(h.log.lines())
+			f.send(text)
+			resp, _ := f.read("GET")
+			if resp.StatusCode != c.status || resp.Header.Get("X-Abox-Reason") != c.reason {
+				t.Errorf("%q: %d %q, want %d %q", text, resp.StatusCode, resp.Header.Get("X-Abox-Reason"), c.status, c.reason)
+			}
+			if !f.closed() {
+				t.Errorf("%q: the connection stayed open", text)
+			}
+			var got []string
+			for _, l := range h.log.lines()[before:] {
+				if l["kind"] == "http" {
+					got = append(got, fmt.Sprint(l["verdict"], " ", l["reason"], " ", l["status"]))
+				}
+			}
+			if want := fmt.Sprint("block ", c.reason, " ", c.status); len(got) != 1 || got[0] != want {
+				t.Errorf("%q: decision lines %q, want one %q", text, got, want)
+			}
+		}
+	})
+}
