@@ -321,6 +321,8 @@ func classifyUpstreamErr(err error) (int, string) {
 	var rh tls.RecordHeaderError
 	var op *net.OpError
 	switch {
+	case errors.Is(err, errGuestBodyCut):
+		return http.StatusBadRequest, ReasonBodyCut
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return http.StatusGatewayTimeout, ReasonUpstreamTimeout
 	case errors.As(err, &cve), errors.As(err, &ua), errors.As(err, &hn), errors.As(err, &ci), errors.As(err, &rh):

@@ -46,6 +46,9 @@ func removeHopByHop(h http.Header) {
 var (
 	errStaleWrite = errors.New("writing to upstream: connection closed")
 	errStaleRead  = errors.New("reading upstream response: connection closed before any byte")
+	// errGuestBodyCut: the guest's request body broke (cut, bad chunking)
+	// before the origin's answer was read.
+	errGuestBodyCut = errors.New("the guest's request body was cut before the origin answered")
 )
 
 func retryable(err error, r *http.Request) bool {
@@ -200,6 +203,13 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		up.mu.Unlock()
 	} else {
 		u.c.SetReadDeadline(time.Time{})
+	}
+	if cb, ok := out.Body.(*countingBody); ok && cb.broken.Load() {
+		// The guest cut its body: the upload closed this connection, and
+		// an answer read now may be the origin's to the truncated request
+		// (a TLS close sends close_notify before the socket closes, and
+		// a quick origin answers in between). It is not the guest's.
+		return false, errGuestBodyCut
 	}
 	if err != nil {
 		if ctx.Err() != nil {

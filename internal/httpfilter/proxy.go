@@ -149,14 +149,16 @@ const (
 	ReasonMissingHost      = "missing_host"
 	ReasonMalformedHost    = "malformed_host"
 	ReasonExpectation      = "unsupported_expectation"
-	ReasonTooManyConns     = "too_many_connections"
-	ReasonUpstreamConnect  = "upstream_connect_failed"
-	ReasonUpstreamTLS      = "upstream_tls_failed"
-	ReasonUpstreamTimeout  = "upstream_timeout"
-	ReasonUpstreamError    = "upstream_error"
-	ReasonClientHandshake  = "client_tls_failed"
-	ReasonUserinfo         = "userinfo_in_target"
-	ReasonHTTPSInAbsolute  = "https_needs_connect"
+	// The guest's request body broke before the origin's answer was read.
+	ReasonBodyCut         = "request_body_cut"
+	ReasonTooManyConns    = "too_many_connections"
+	ReasonUpstreamConnect = "upstream_connect_failed"
+	ReasonUpstreamTLS     = "upstream_tls_failed"
+	ReasonUpstreamTimeout = "upstream_timeout"
+	ReasonUpstreamError   = "upstream_error"
+	ReasonClientHandshake = "client_tls_failed"
+	ReasonUserinfo        = "userinfo_in_target"
+	ReasonHTTPSInAbsolute = "https_needs_connect"
 )
 
 // New validates cfg and builds a proxy; nothing is served until Serve.
