@@ -144,6 +144,9 @@ func (s *Server) readUDP(ctx context.Context, u *udpSocket, pending *sync.WaitGr
 	in := make([]ipv4.Message, udpBatch)
 	out := make([]ipv4.Message, 0, udpBatch)
 	slots := make([]udpSlot, udpBatch)
+	// Each datagram is parsed, decided and packed before the next: one
+	// scratch query serves them all.
+	var sq scratchQuery
 	for i := range in {
 		slots[i].in = make([]byte, udpReadSize)
 		slots[i].out = make([]byte, 0, MaxUDPSize)
@@ -176,7 +179,7 @@ func (s *Server) readUDP(ctx context.Context, u *udpSocket, pending *sync.WaitGr
 				continue
 			}
 			from := ua.AddrPort()
-			resp, b, p := s.udpQuery(ctx, slots[i].in[:m.N], m.Flags&syscall.MSG_TRUNC != 0, from.Addr().Unmap(), slots[i].out)
+			resp, b, p := s.udpQuery(ctx, &sq, slots[i].in[:m.N], m.Flags&syscall.MSG_TRUNC != 0, from.Addr().Unmap(), slots[i].out)
 			if p != nil {
 				pending.Add(1)
 				go func() {
@@ -247,8 +250,11 @@ func (s *Server) finishUDP(ctx context.Context, u *udpSocket, to netip.AddrPort,
 // udpQuery parses datagram m from client as miekg/dns's server would (the
 // same accept function, FORMERR for what is rejected or does not parse,
 // nothing for a short datagram or a response) and answers it, unless it
-// must wait on the upstream: then the pending query is returned.
-func (s *Server) udpQuery(ctx context.Context, m []byte, cut bool, client netip.Addr, dst []byte) (*dns.Msg, []byte, *udpPending) {
+// must wait on the upstream: then the pending query is returned. A plain
+// query is parsed into sq (see quickParse): a response returned must be
+// packed before sq's next use (a pending query is returned with a copy of
+// its own). Without sq, every query is unpacked by miekg/dns.
+func (s *Server) udpQuery(ctx context.Context, sq *scratchQuery, m []byte, cut bool, client netip.Addr, dst []byte) (*dns.Msg, []byte, *udpPending) {
 	if len(m) < 12 {
 		s.invalid(m, dns.ErrShortRead)
 		return nil, nil, nil
@@ -258,11 +264,19 @@ func (s *Server) udpQuery(ctx context.Context, m []byte, cut bool, client netip.
 		Qdcount: binary.BigEndian.Uint16(m[4:]), Ancount: binary.BigEndian.Uint16(m[6:]),
 		Nscount: binary.BigEndian.Uint16(m[8:]), Arcount: binary.BigEndian.Uint16(m[10:]),
 	}
-	req := new(dns.Msg)
-	switch s.acceptQuery(dh) {
-	case dns.MsgIgnore:
+	accept := s.acceptQuery(dh)
+	if accept == dns.MsgIgnore {
 		return nil, nil, nil
-	case dns.MsgAccept:
+	}
+	if accept == dns.MsgAccept && !cut && sq != nil && sq.quickParse(m) {
+		resp, b, p := s.handleNow(ctx, client, &sq.msg, dst)
+		if p != nil {
+			p.own() // it outlives sq's next use
+		}
+		return resp, b, p
+	}
+	req := new(dns.Msg)
+	if accept == dns.MsgAccept {
 		err := req.Unpack(m)
 		if err == nil && cut {
 			err = errCut
@@ -271,7 +285,7 @@ func (s *Server) udpQuery(ctx context.Context, m []byte, cut bool, client netip.
 			return s.handleNow(ctx, client, req, dst)
 		}
 		s.invalid(m, err)
-	default: // rejected: the header alone
+	} else { // rejected: the header alone
 		req.Unpack(m[:12])
 	}
 	req.SetRcodeFormatError(req)
