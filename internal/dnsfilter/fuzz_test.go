@@ -92,6 +92,11 @@ func (r *recorder) take() []*dns.Msg {
 // newFuzzServer returns a server that is never started, for calling
 // Handle directly; its decision lines go to log unless log is nil.
 func newFuzzServer(f testing.TB, log io.Writer) (*dnsfilter.Server, *recorder, *policy.Engine, *decisionlog.Writer) {
+	return newFuzzServerAt(f, log, nil)
+}
+
+// newFuzzServerAt is newFuzzServer with the clock now (nil: time.Now).
+func newFuzzServerAt(f testing.TB, log io.Writer, now func() time.Time) (*dnsfilter.Server, *recorder, *policy.Engine, *decisionlog.Writer) {
 	path := filepath.Join(f.TempDir(), "allowlist.txt")
 	if err := os.WriteFile(path, []byte("example.com\n*.example.com\n"), 0o644); err != nil {
 		f.Fatal(err)
@@ -112,7 +117,7 @@ func newFuzzServer(f testing.TB, log io.Writer) (*dnsfilter.Server, *recorder, *
 		dlog = decisionlog.New(decisionlog.Config{Sinks: []io.Writer{log}, RefusalsPerClient: -1})
 		f.Cleanup(func() { dlog.Close() })
 	}
-	srv, err := dnsfilter.New(dnsfilter.Config{PacketConn: pc, Policy: pol, Upstream: rec, RateLimit: -1, CacheSize: 100, DecisionLog: dlog})
+	srv, err := dnsfilter.New(dnsfilter.Config{PacketConn: pc, Policy: pol, Upstream: rec, RateLimit: -1, CacheSize: 100, DecisionLog: dlog, Now: now})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -225,20 +230,7 @@ func publicAddressesOnly(t *testing.T, resp *dns.Msg) {
 // echoes a single question as it was asked, and hands out no address the
 // guest may not be given.
 func FuzzDatagram(f *testing.F) {
-	for _, m := range []*dns.Msg{
-		query("example.com", dns.TypeA, 1232),
-		query("ExAmPle.CoM", dns.TypeA, 0),
-		query("www.example.com", dns.TypeHTTPS, 512),
-		query("private.example.com", dns.TypeA, 4096),
-		query("other.org", dns.TypeA, 0),
-		query("healthcheck.abox.local", dns.TypeA, 0),
-	} {
-		b, err := m.Pack()
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
-	}
+	addDatagrams(f, datagramSeeds[:6])
 	f.Add([]byte{0, 1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0})
 	srv, _, _, _ := newFuzzServer(f, nil)
 	client := netip.MustParseAddr("192.0.2.10")
@@ -272,6 +264,31 @@ func FuzzDatagram(f *testing.F) {
 	})
 }
 
+// datagramSeeds are queries of every kind the datagram fuzzers start from.
+var datagramSeeds = []*dns.Msg{
+	query("example.com", dns.TypeA, 1232),
+	query("ExAmPle.CoM", dns.TypeA, 0),
+	query("www.example.com", dns.TypeHTTPS, 512),
+	query("private.example.com", dns.TypeA, 4096),
+	query("other.org", dns.TypeA, 0),
+	query("healthcheck.abox.local", dns.TypeA, 0),
+	query("OTHER.org", dns.TypeAAAA, 1232),
+	query("1.0.0.10.in-addr.arpa", dns.TypePTR, 0),
+	query("example.com", dns.TypeAXFR, 0),
+	query("example.com", dns.TypeANY, 1232),
+}
+
+// addDatagrams adds each of ms, packed, to f's corpus.
+func addDatagrams(f *testing.F, ms []*dns.Msg) {
+	for _, m := range ms {
+		b, err := m.Pack()
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+}
+
 // FuzzQuickParseAnswers: the batched path answers every datagram with the
 // same bytes (or the same silence) whether its query was parsed by
 // quickParse or by miekg/dns. The clock stands still, so that a cached
@@ -279,43 +296,9 @@ func FuzzDatagram(f *testing.F) {
 // answered twice by the miekg/dns path, so that both answers come from the
 // same cache state.
 func FuzzQuickParseAnswers(f *testing.F) {
-	for _, m := range []*dns.Msg{
-		query("example.com", dns.TypeA, 1232),
-		query("ExAmPle.CoM", dns.TypeA, 0),
-		query("www.example.com", dns.TypeHTTPS, 512),
-		query("private.example.com", dns.TypeA, 4096),
-		query("other.org", dns.TypeA, 0),
-		query("OTHER.org", dns.TypeAAAA, 1232),
-		query("healthcheck.abox.local", dns.TypeA, 0),
-		query("1.0.0.10.in-addr.arpa", dns.TypePTR, 0),
-		query("example.com", dns.TypeAXFR, 0),
-		query("example.com", dns.TypeANY, 1232),
-	} {
-		b, err := m.Pack()
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
-	}
-	path := filepath.Join(f.TempDir(), "allowlist.txt")
-	if err := os.WriteFile(path, []byte("example.com\n*.example.com\n"), 0o644); err != nil {
-		f.Fatal(err)
-	}
-	pol, err := policy.New(policy.Config{AllowlistPath: path})
-	if err != nil {
-		f.Fatal(err)
-	}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { pc.Close() })
+	addDatagrams(f, datagramSeeds)
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	srv, err := dnsfilter.New(dnsfilter.Config{PacketConn: pc, Policy: pol, Upstream: &recorder{}, RateLimit: -1, CacheSize: 100,
-		Now: func() time.Time { return at }})
-	if err != nil {
-		f.Fatal(err)
-	}
+	srv, _, _, _ := newFuzzServerAt(f, nil, func() time.Time { return at })
 	client := netip.MustParseAddr("192.0.2.10")
 	f.Fuzz(func(t *testing.T, wire []byte) {
 		ctx := context.Background()
