@@ -1,6 +1,7 @@
 package httpfilter
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/tls"
 	"net"
@@ -25,39 +26,29 @@ func newFakeHRROrigin(t *testing.T) *fakeHRROrigin {
 	}
 	o := &fakeHRROrigin{ln: ln}
 	_, o.port, _ = net.SplitHostPort(ln.Addr().String())
-	t.Cleanup(func() { ln.Close() })
-	go func() {
+	serveRaw(t, ln, func(c net.Conn, _ *bufio.Reader) {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		rec, err := readRecord(c)
+		o.mu.Lock()
+		o.got.Write(rec)
+		o.mu.Unlock()
+		if err != nil {
+			return
+		}
+		// ServerHello with the HelloRetryRequest random.
+		hs := append([]byte{2, 0, 0, 38, 3, 3}, helloRetryRandom...)
+		c.Write(append([]byte{recordHandshake, 3, 3, 0, byte(len(hs))}, hs...))
+		buf := make([]byte, 4096)
 		for {
-			c, err := ln.Accept()
+			n, err := c.Read(buf)
+			o.mu.Lock()
+			o.got.Write(buf[:n])
+			o.mu.Unlock()
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(10 * time.Second))
-				rec, err := readRecord(c)
-				o.mu.Lock()
-				o.got.Write(rec)
-				o.mu.Unlock()
-				if err != nil {
-					return
-				}
-				// ServerHello with the HelloRetryRequest random.
-				hs := append([]byte{2, 0, 0, 38, 3, 3}, helloRetryRandom...)
-				c.Write(append([]byte{recordHandshake, 3, 3, 0, byte(len(hs))}, hs...))
-				buf := make([]byte, 4096)
-				for {
-					n, err := c.Read(buf)
-					o.mu.Lock()
-					o.got.Write(buf[:n])
-					o.mu.Unlock()
-					if err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
+	})
 	return o
 }
 
