@@ -297,11 +297,14 @@ func (p *Proxy) Addr() net.Addr { return p.cfg.Listener.Addr() }
 // by serveH1 (server1.go).
 func (p *Proxy) Serve(ctx context.Context) error {
 	ln := &limitListener{Listener: p.cfg.Listener, p: p, sem: make(chan struct{}, p.cfg.MaxConns)}
+	// The policy watched for changes is the one in force before the first
+	// connection is accepted: a change after any decision is seen.
+	list, mode := p.cfg.Policy.List(), p.cfg.Policy.Mode()
 	errc := make(chan error, 1)
 	go func() { errc <- p.acceptLoop(ctx, ln) }()
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	go p.watchPolicy(wctx)
+	go p.watchPolicy(wctx, list, mode)
 	select {
 	case err := <-errc:
 		p.shutdown(ln)

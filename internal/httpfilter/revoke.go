@@ -102,11 +102,10 @@ func (p *Proxy) stillAllowed(t egress.Target) bool {
 
 // watchPolicy closes held connections, and pooled upstream connections,
 // whose target the policy no longer allows, whenever the allowlist in force
-// or the mode changes.
-func (p *Proxy) watchPolicy(ctx context.Context) {
+// or the mode changes from list and mode.
+func (p *Proxy) watchPolicy(ctx context.Context, list *allowlist.List, mode policy.Mode) {
 	tk := time.NewTicker(policyPoll)
 	defer tk.Stop()
-	list, mode := p.cfg.Policy.List(), p.cfg.Policy.Mode()
 	for tick := 1; ; tick++ {
 		select {
 		case <-ctx.Done():
