@@ -267,12 +267,16 @@ func (s *Server) Serve(ctx context.Context) error {
 // that promises more records than the message holds by quietly lowering the
 // counts. Queries that pass go to ServeDNS, which checks the sections
 // themselves so that each refusal is counted and logged.
+//
+// More than one question is refused before parsing whatever the opcode:
+// the FORMERR for a message that then fails to parse echoes the questions
+// parsed so far, and a dozen long names would not fit a UDP answer.
 func (s *Server) acceptQuery(dh dns.Header) dns.MsgAcceptAction {
 	if dh.Bits&(1<<15) != 0 {
 		return dns.MsgIgnore
 	}
 	opcode := int(dh.Bits>>11) & 0xF
-	if opcode == dns.OpcodeQuery && (dh.Qdcount != 1 || dh.Ancount != 0 || dh.Nscount != 0 || dh.Arcount > 1) {
+	if dh.Qdcount > 1 || opcode == dns.OpcodeQuery && (dh.Qdcount != 1 || dh.Ancount != 0 || dh.Nscount != 0 || dh.Arcount > 1) {
 		s.st.queries.Add(1)
 		s.st.formerr.Add(1)
 		return dns.MsgReject

@@ -291,6 +291,9 @@ func (s *Server) udpQuery(ctx context.Context, sq *scratchQuery, m []byte, cut b
 	req.SetRcodeFormatError(req)
 	req.Zero = false
 	req.Answer, req.Ns, req.Extra = nil, nil, nil
+	if len(req.Question) > 1 { // acceptQuery refuses these; never echo them
+		req.Question = nil
+	}
 	return req, nil, nil
 }
 

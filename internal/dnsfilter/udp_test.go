@@ -209,3 +209,60 @@ func TestUDPSocketReleasedOnStop(t *testing.T) {
 		})
 	}
 }
+
+// manyQuestions is a NOTIFY (an opcode whose header counts acceptQuery
+// does not otherwise check) asking n questions of 250-byte names, and then
+// a record that does not parse: a FORMERR that echoed the questions parsed
+// before the error would be n×254 bytes.
+func manyQuestions(n int) []byte {
+	b := []byte{0x12, 0x34, dns.OpcodeNotify << 3, 0, 0, byte(n), 0, 1, 0, 0, 0, 0}
+	label := make([]byte, 62)
+	for i := range label {
+		label[i] = 'a'
+	}
+	for range n {
+		for range 4 {
+			b = append(b, byte(len(label)))
+			b = append(b, label...)
+		}
+		b = append(b, 0, 0, 1, 0, 1)
+	}
+	return append(b, 0xFF) // the answer record: a name pointer cut short
+}
+
+// TestManyQuestionsAnswerFits: whatever a datagram holds, the answer fits
+// a UDP client that sent no EDNS (512 bytes), on the batched path and on
+// miekg/dns's (a wildcard socket), and is a FORMERR for the query's ID.
+func TestManyQuestionsAnswerFits(t *testing.T) {
+	wire := manyQuestions(12)
+	if new(dns.Msg).Unpack(wire) == nil {
+		t.Fatal("the test datagram parses; it must fail after its questions")
+	}
+	for _, listen := range []string{"127.0.0.1:0", "0.0.0.0:0"} {
+		t.Run(listen, func(t *testing.T) {
+			h := start(t, harnessOptions{listen: listen})
+			c, err := net.Dial("udp", h.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := c.Write(wire); err != nil {
+				t.Fatal(err)
+			}
+			c.SetReadDeadline(time.Now().Add(3 * time.Second))
+			buf := make([]byte, 65535)
+			n, err := c.Read(buf)
+			if err != nil {
+				t.Fatalf("no answer to a %d-byte datagram of 12 questions: %v", len(wire), err)
+			}
+			r := new(dns.Msg)
+			if err := r.Unpack(buf[:n]); err != nil {
+				t.Fatalf("answer does not parse: %v", err)
+			}
+			if n > dns.MinMsgSize || r.Id != 0x1234 || r.Rcode != dns.RcodeFormatError || len(r.Question) > 1 {
+				t.Errorf("answer of %d bytes, id %#x, rcode %s, %d questions; want at most %d bytes, id 0x1234, FORMERR, at most one question",
+					n, r.Id, dns.RcodeToString[r.Rcode], len(r.Question), dns.MinMsgSize)
+			}
+		})
+	}
+}
