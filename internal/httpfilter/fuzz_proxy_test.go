@@ -113,7 +113,8 @@ type originReq struct {
 	dialed netip.AddrPort
 	host   string // Request.Host
 	method string
-	err    error // the request did not parse
+	ext    []uint16 // a ClientHello's extensions (serveHellos)
+	err    error    // the request did not parse
 }
 
 // fuzzOrigins is the resolver, the dialer and every origin: each name
@@ -126,6 +127,10 @@ type fuzzOrigins struct {
 	dials []netip.AddrPort
 	reqs  []originReq
 	open  sync.WaitGroup // origin connections not yet closed
+	// tls makes every origin a TLS server's first steps (serveHellos)
+	// instead of an HTTP/1.1 server; hrr makes it answer the first hello
+	// with a HelloRetryRequest.
+	tls, hrr bool
 }
 
 func (o *fuzzOrigins) LookupNetIP(_ context.Context, host string) ([]netip.Addr, error) {
@@ -150,8 +155,13 @@ func (o *fuzzOrigins) DialContext(_ context.Context, _, addr string) (net.Conn, 
 	o.mu.Unlock()
 	proxySide, originSide := net.Pipe()
 	o.open.Add(1)
+	tlsOrigin, hrr := o.tls, o.hrr
 	go func() {
 		defer o.open.Done()
+		if tlsOrigin {
+			o.serveHellos(originSide, ap, hrr)
+			return
+		}
 		o.serve(originSide, ap)
 	}()
 	return proxySide, nil
@@ -215,7 +225,7 @@ type fuzzProxy struct {
 	log     *syncBuffer
 }
 
-func newFuzzProxy(t testing.TB) *fuzzProxy {
+func newFuzzProxy(t testing.TB, noMITM bool) *fuzzProxy {
 	dir := t.TempDir()
 	al := filepath.Join(dir, "allowlist.txt")
 	if err := os.WriteFile(al, []byte("allowed.test\n*.ok.test\n"), 0o644); err != nil {
@@ -231,7 +241,7 @@ func newFuzzProxy(t testing.TB) *fuzzProxy {
 	}
 	fp := &fuzzProxy{
 		ln:      &chanListener{ch: make(chan net.Conn), done: make(chan struct{})},
-		origins: &fuzzOrigins{names: map[string]netip.Addr{}, addrs: map[netip.Addr]string{}},
+		origins: &fuzzOrigins{names: map[string]netip.Addr{}, addrs: map[netip.Addr]string{}, tls: noMITM},
 		engine:  eng,
 		log:     &syncBuffer{},
 	}
@@ -242,6 +252,7 @@ func newFuzzProxy(t testing.TB) *fuzzProxy {
 		Dialer:           fp.origins,
 		Addresses:        netclass.New(netclass.Options{}),
 		CA:               proxyCA,
+		NoMITM:           noMITM,
 		DecisionLog:      slog.New(slog.NewJSONHandler(fp.log, nil)),
 		RequestRate:      -1,
 		HandshakeTimeout: 2 * time.Second,
@@ -259,9 +270,9 @@ func newFuzzProxy(t testing.TB) *fuzzProxy {
 	return fp
 }
 
-// serve runs one guest connection carrying b to its end and checks what
-// reached the origins.
-func (fp *fuzzProxy) serve(t *testing.T, b []byte) {
+// run serves one guest connection carrying b to its end and returns what
+// the origins were asked and the decision lines.
+func (fp *fuzzProxy) run(t *testing.T, b []byte) (dials []netip.AddrPort, reqs []originReq, lines string) {
 	c := newFuzzConn(b)
 	fp.ln.ch <- c
 	select {
@@ -283,11 +294,36 @@ func (fp *fuzzProxy) serve(t *testing.T, b []byte) {
 	case <-time.After(20 * time.Second):
 		t.Fatalf("an upstream connection is still open after the guest that sent %q left", b)
 	}
-	dials, reqs := fp.origins.take()
+	dials, reqs = fp.origins.take()
 	fp.log.mu.Lock()
-	lines := fp.log.b.String()
+	lines = fp.log.b.String()
 	fp.log.b.Reset()
 	fp.log.mu.Unlock()
+	fp.checkDials(t, b, dials)
+	return dials, reqs, lines
+}
+
+// checkDials: every address dialled was resolved for a name the policy
+// allows, on an allowed port.
+func (fp *fuzzProxy) checkDials(t *testing.T, b []byte, dials []netip.AddrPort) {
+	for _, d := range dials {
+		name := fp.origins.nameOf(d.Addr())
+		if name == "" {
+			t.Fatalf("guest bytes %q: dialled %s, an address no allowed name resolved to", b, d)
+		}
+		if dec := fp.engine.Decide(name); dec.Verdict != allowlist.Allow {
+			t.Fatalf("guest bytes %q: dialled %s for %s, which the policy blocks (%s)", b, d, name, dec.Reason)
+		}
+		if d.Port() != 80 && d.Port() != 443 {
+			t.Fatalf("guest bytes %q: dialled port %d", b, d.Port())
+		}
+	}
+}
+
+// serve runs one guest connection carrying b to its end and checks what
+// reached the origins.
+func (fp *fuzzProxy) serve(t *testing.T, b []byte) {
+	_, reqs, lines := fp.run(t, b)
 	allowed := map[string]int{} // host:port -> allow lines
 	parsed := &syncBuffer{}
 	parsed.Write([]byte(lines))
@@ -305,18 +341,6 @@ func (fp *fuzzProxy) serve(t *testing.T, b []byte) {
 			allowed[hp]++
 		case "http":
 			allowed[hp]++
-		}
-	}
-	for _, d := range dials {
-		name := fp.origins.nameOf(d.Addr())
-		if name == "" {
-			t.Fatalf("guest bytes %q: dialled %s, an address no allowed name resolved to", b, d)
-		}
-		if dec := fp.engine.Decide(name); dec.Verdict != allowlist.Allow {
-			t.Fatalf("guest bytes %q: dialled %s for %s, which the policy blocks (%s)", b, d, name, dec.Reason)
-		}
-		if d.Port() != 80 && d.Port() != 443 {
-			t.Fatalf("guest bytes %q: dialled port %d", b, d.Port())
 		}
 	}
 	seen := map[string]int{}
@@ -356,7 +380,7 @@ func FuzzProxyH1(f *testing.F) {
 	for _, s := range proxySeeds {
 		f.Add([]byte(s))
 	}
-	fp := newFuzzProxy(f)
+	fp := newFuzzProxy(f, false)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		fp.serve(t, b)
 	})
@@ -366,7 +390,7 @@ func FuzzProxyH1(f *testing.F) {
 // over no request would prove nothing): the allowed requests of the seeds
 // reach their origins, the others do not.
 func TestFuzzProxyReachesOrigins(t *testing.T) {
-	fp := newFuzzProxy(t)
+	fp := newFuzzProxy(t, false)
 	want := []int{1, 1, 1, 2, 0, 2, 1, 1, 0, 1, 0, 1}
 	for i, s := range proxySeeds {
 		c := newFuzzConn([]byte(s))
