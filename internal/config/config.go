@@ -127,11 +127,19 @@ type Error struct {
 	Msg          string
 }
 
+// Error renders the problem for the operator's terminal. Its text quotes
+// the file (yaml.v3's own messages, values of every type), so each line is
+// cleaned of terminal controls here, once for every message.
 func (e *Error) Error() string {
+	s := fmt.Sprintf("%s:%d:%d: %s", e.Source, e.Line, e.Column, e.Msg)
 	if e.Line == 0 {
-		return fmt.Sprintf("%s: %s", e.Source, e.Msg)
+		s = fmt.Sprintf("%s: %s", e.Source, e.Msg)
 	}
-	return fmt.Sprintf("%s:%d:%d: %s", e.Source, e.Line, e.Column, e.Msg)
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = termtext.Clean(l)
+	}
+	return strings.Join(lines, "\n")
 }
 
 // Parse reads abox.yaml strictly: one document, no anchors or aliases (no

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/abox-dev/abox/internal/termtext"
 )
 
 func parse(t *testing.T, src string) (Config, error) {
@@ -475,5 +477,35 @@ func TestMonitorBundleKey(t *testing.T) {
 		if err != nil || !c.Monitor || c.MonitorBundle != want {
 			t.Errorf("bundle %q: %+v %v", src, c.MonitorBundle, err)
 		}
+	}
+}
+
+// TestErrorsArePrintable: the file reaches an error's text in other ways
+// than as a string value (an explicit tag on a value of another type,
+// yaml.v3's own messages): whatever the way, no terminal control reaches
+// the operator.
+func TestErrorsArePrintable(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"float tag on an integer", `cpus: !!float "\e[8m"`, `cpus: want an integer, got the number \x1b[8m`},
+		{"int tag that does not decode", `cpus: !!int "\e[2J"`, "cannot decode !!str `\\x1b[2J` as a !!int"},
+		{"bool tag that does not decode", `monitor: {enabled: !!bool "\e]0;x\a"}`, "as a !!bool"},
+		{"version", `version: !!int "\e[2J"`, `version \x1b[2J is not supported`},
+		{"tag of a list", `ports: !!seq` + "\n  - !!int \"\\u202e1\"", `cannot decode`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := "version: 1\nname: dev\n" + tc.yaml + "\n"
+			if strings.HasPrefix(tc.yaml, "version:") {
+				src = tc.yaml + "\nname: dev\n"
+			}
+			_, err := parse(t, src)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %q, want it to hold %q", err, tc.want)
+			}
+			for _, l := range strings.Split(err.Error(), "\n") {
+				if termtext.Check(l) != nil {
+					t.Errorf("the error carries a terminal control: %q", err)
+				}
+			}
+		})
 	}
 }
