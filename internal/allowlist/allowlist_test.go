@@ -197,7 +197,8 @@ func TestNilAndEmptyListBlock(t *testing.T) {
 }
 
 func FuzzNormalizeName(f *testing.F) {
-	for _, s := range []string{"example.com", "EXAMPLE.com.", "bücher.de", "a..b", "*.x", "xn--bcher-kva.de", "\x00", "a\\.b"} {
+	for _, s := range []string{"example.com", "EXAMPLE.com.", "bücher.de", "a..b", "*.x", "xn--bcher-kva.de", "\x00", "a\\.b",
+		"_dmarc.example.com", "-a.com", strings.Repeat("a.", 130), "ＥＸＡＭＰＬＥ.com", "exa\x00mple.com"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -213,6 +214,9 @@ func FuzzNormalizeName(f *testing.F) {
 			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
 				t.Fatalf("NormalizeName(%q) = %q: byte %q", s, n, c)
 			}
+		}
+		if strings.HasSuffix(n, ".") || strings.Contains(n, "..") || strings.HasPrefix(n, ".") {
+			t.Fatalf("NormalizeName(%q) = %q: empty label or trailing dot", s, n)
 		}
 		n2, err := NormalizeName(n)
 		if err != nil || n2 != n {
