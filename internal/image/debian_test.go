@@ -37,7 +37,7 @@ func TestDebian12RecipeHasLABRequirements(t *testing.T) {
 	if !strings.Contains(r.Files["/etc/cloud/cloud.cfg.d/90_abox.cfg"], "datasource_list: [ NoCloud, None ]") {
 		t.Error("cloud.cfg.d does not pin the NoCloud datasource")
 	}
-	if r.Cmdline != "console=ttyS0 root=/dev/vda rw net.ifnames=0" {
+	if r.Cmdline != "console=ttyS0 root=/dev/vda rw net.ifnames=0 no_timer_check" {
 		t.Errorf("cmdline = %q", r.Cmdline)
 	}
 }
