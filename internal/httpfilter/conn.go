@@ -92,6 +92,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 		select {
 		case l.sem <- struct{}{}:
+			tuneGuestConn(c)
 			return l.p.track(c, func() { <-l.sem }), nil
 		default:
 			l.p.stats.connsRefused.Add(1)
