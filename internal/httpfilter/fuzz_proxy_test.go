@@ -42,14 +42,18 @@ import (
 
 // fuzzConn is the guest's side of a connection: the proxy reads the fuzz
 // input and then EOF, and what it writes back is discarded.
+// With hold set, the guest keeps the connection open once its bytes are
+// read (drained is closed then) until Close.
 type fuzzConn struct {
-	r      *bytes.Reader
-	once   sync.Once
-	closed chan struct{}
+	r           *bytes.Reader
+	once, drain sync.Once
+	closed      chan struct{}
+	hold        bool
+	drained     chan struct{}
 }
 
 func newFuzzConn(b []byte) *fuzzConn {
-	return &fuzzConn{r: bytes.NewReader(b), closed: make(chan struct{})}
+	return &fuzzConn{r: bytes.NewReader(b), closed: make(chan struct{}), drained: make(chan struct{})}
 }
 
 func (c *fuzzConn) Read(b []byte) (int, error) {
@@ -57,6 +61,13 @@ func (c *fuzzConn) Read(b []byte) (int, error) {
 	case <-c.closed:
 		return 0, net.ErrClosed
 	default:
+	}
+	if c.r.Len() == 0 {
+		c.drain.Do(func() { close(c.drained) })
+		if c.hold {
+			<-c.closed
+			return 0, net.ErrClosed
+		}
 	}
 	return c.r.Read(b)
 }
@@ -280,6 +291,12 @@ func (fp *fuzzProxy) run(t *testing.T, b []byte) (dials []netip.AddrPort, reqs [
 	case <-time.After(20 * time.Second):
 		t.Fatalf("the proxy still holds a connection whose guest sent %q and EOF", b)
 	}
+	return fp.collect(t, b)
+}
+
+// collect waits for the upstream exchanges of a guest connection that has
+// ended and returns what the origins were asked and the decision lines.
+func (fp *fuzzProxy) collect(t *testing.T, b []byte) (dials []netip.AddrPort, reqs []originReq, lines string) {
 	// Every upstream exchange of this connection is over once the pool's
 	// idle connections are closed and every origin has seen its end: only
 	// then is what the origins read this connection's doing alone.
@@ -324,6 +341,13 @@ func (fp *fuzzProxy) checkDials(t *testing.T, b []byte, dials []netip.AddrPort) 
 // reached the origins.
 func (fp *fuzzProxy) serve(t *testing.T, b []byte) {
 	_, reqs, lines := fp.run(t, b)
+	fp.checkRequests(t, b, reqs, lines)
+}
+
+// checkRequests: every request an origin read was allowed for its host and
+// port by a decision line (inside a tunnel only for the tunnel's target),
+// parsed, and names that host and port.
+func (fp *fuzzProxy) checkRequests(t *testing.T, b []byte, reqs []originReq, lines string) {
 	allowed := map[string]int{} // host:port -> allow lines
 	parsed := &syncBuffer{}
 	parsed.Write([]byte(lines))
