@@ -17,6 +17,7 @@ import (
 	"github.com/abox-dev/abox/internal/api"
 	"github.com/abox-dev/abox/internal/budget"
 	"github.com/abox-dev/abox/internal/ca"
+	"github.com/abox-dev/abox/internal/contain"
 	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/dnsfilter"
 	"github.com/abox-dev/abox/internal/egress"
@@ -221,7 +222,7 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 	info.Upstreams = up.Servers()
 	// One resolver for both filters, with the DNS filter's TTL bounds: a
 	// name the guest resolved costs the proxy no second lookup.
-	rc := resolver.Config{Upstream: up}
+	rc := resolver.Config{Upstream: up, Panics: contain.New(log)}
 	// One budget per guest for its DNS queries and the proxy's lookups on
 	// its behalf, so the proxy is no way around the DNS rate limit.
 	rate, burst := float64(DefaultRateLimit), DefaultRateBurst

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/abox-dev/abox/internal/budget"
+	"github.com/abox-dev/abox/internal/contain"
 	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
@@ -117,6 +118,9 @@ type Server struct {
 	base atomic.Pointer[context.Context]
 
 	st counters
+	// panics reports panics recovered while answering one query or batch
+	// (see internal/contain).
+	panics *contain.Reporter
 }
 
 // New validates cfg and returns a server; nothing is served until Serve.
@@ -140,6 +144,7 @@ func New(cfg Config) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.panics = contain.New(s.log)
 	minTTL, maxTTL := orDefault(cfg.MinTTL, DefaultMinTTL), orDefault(cfg.MaxTTL, DefaultMaxTTL)
 	if minTTL > maxTTL {
 		return nil, fmt.Errorf("dns filter: minimum TTL %s is above maximum TTL %s", minTTL, maxTTL)
@@ -289,8 +294,18 @@ func (s *Server) invalid(m []byte, err error) {
 	s.st.malformed.Add(1)
 }
 
-// ServeDNS implements dns.Handler.
+// ServeDNS implements dns.Handler. miekg/dns recovers no panic: one while
+// answering a query ends that query (and its TCP connection), not the
+// daemon.
 func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.panics.Report("dns query", v, "client", w.RemoteAddr().String())
+			if _, ok := w.RemoteAddr().(*net.TCPAddr); ok {
+				w.Close()
+			}
+		}
+	}()
 	ctx := context.Background()
 	if p := s.base.Load(); p != nil {
 		ctx = *p
@@ -358,7 +373,10 @@ type Stats struct {
 	// TCPEvicted counts TCP connections closed, quietest first, to make
 	// room for a new one at MaxTCPConns.
 	TCPEvicted uint64 `json:"tcp_evicted"`
-	LogError   string `json:"log_error,omitempty"`
+	// Panics counts panics recovered while answering one query or one
+	// batch of datagrams: each ended that one only (the log has the stack).
+	Panics   uint64 `json:"panics"`
+	LogError string `json:"log_error,omitempty"`
 }
 
 // Stats implements daemon.Service.
@@ -383,6 +401,7 @@ func (s *Server) Snapshot() Stats {
 		Overloaded:       s.st.overloaded.Load(),
 		Truncated:        s.st.truncated.Load(),
 		WriteErrors:      s.st.writeErrors.Load(),
+		Panics:           s.panics.Count(),
 	}
 	if s.cache != nil {
 		st.CacheEntries = s.cache.len()

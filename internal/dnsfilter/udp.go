@@ -112,7 +112,7 @@ func (s *Server) serveUDP(ctx context.Context, u *udpSocket) error {
 	readers = min(max(readers, 1), maxUDPReaders)
 	errs := make(chan error, readers)
 	for range readers {
-		go func() { errs <- s.readUDP(ctx, u, &pending) }()
+		go func() { errs <- s.readUDPContained(ctx, u, &pending) }()
 	}
 	var err error
 	for range readers {
@@ -136,6 +136,27 @@ func (s *Server) serveUDP(ctx context.Context, u *udpSocket) error {
 type udpSlot struct {
 	in, out []byte
 	bufs    [][]byte
+}
+
+// readUDPContained runs readUDP and runs it again after a panic: the
+// datagrams of the batch being answered get no answer (their clients
+// retransmit), the socket keeps its reader and the daemon keeps running.
+func (s *Server) readUDPContained(ctx context.Context, u *udpSocket, pending *sync.WaitGroup) error {
+	for {
+		if panicked, err := s.readUDPOnce(ctx, u, pending); !panicked {
+			return err
+		}
+	}
+}
+
+func (s *Server) readUDPOnce(ctx context.Context, u *udpSocket, pending *sync.WaitGroup) (panicked bool, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.panics.Report("dns datagram batch", v)
+			panicked = true
+		}
+	}()
+	return false, s.readUDP(ctx, u, pending)
 }
 
 // readUDP is one reading goroutine: read a batch, answer what can be
@@ -184,6 +205,11 @@ func (s *Server) readUDP(ctx context.Context, u *udpSocket, pending *sync.WaitGr
 				pending.Add(1)
 				go func() {
 					defer pending.Done()
+					defer func() {
+						if v := recover(); v != nil {
+							s.panics.Report("dns query", v, "client", from.String())
+						}
+					}()
 					s.finishUDP(ctx, u, from, p)
 				}()
 				continue

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/abox-dev/abox/internal/contain"
 )
 
 // idleConn closes itself when no byte has moved in either direction for
@@ -149,12 +151,21 @@ func (r *byteReader) Read(p []byte) (int, error) {
 
 // pipe copies both directions until either side ends, half-closing so
 // protocols that shut down one direction first still work. It returns the
-// bytes copied from a to b and from b to a.
-func pipe(a, b net.Conn) (ab, ba int64) {
+// bytes copied from a to b and from b to a. A panic in the second
+// direction's goroutine closes both connections and is reported to
+// panics; one in the first reaches the caller's goroutine.
+func pipe(a, b net.Conn, panics *contain.Reporter) (ab, ba int64) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer func() {
+			if v := recover(); v != nil {
+				panics.Report("tunnel", v, "client", a.RemoteAddr().String())
+				a.Close()
+				b.Close()
+			}
+		}()
 		ba = copyHalf(a, b)
 	}()
 	ab = copyHalf(b, a)

@@ -227,7 +227,7 @@ func (p *Proxy) tunnel(ctx context.Context, client net.Conn, checked *egress.Che
 		}
 		rec.up += int64(len(raw))
 	}
-	ab, ba := pipe(client, upc)
+	ab, ba := pipe(client, upc, p.panics)
 	rec.up += ab
 	rec.down += ba
 }
@@ -287,13 +287,28 @@ func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target,
 	if cs.NegotiatedProtocol == "h2" {
 		p.h2.ServeConn(fc, &http2.ServeConnOpts{
 			Context:    context.WithValue(ctx, scopeKey{}, sc),
-			Handler:    http.HandlerFunc(p.serveInner),
+			Handler:    http.HandlerFunc(p.serveInnerH2),
 			BaseConfig: p.inner,
 		})
 		fc.Close()
 		return
 	}
 	p.serveInnerH1(ctx, fc, sc)
+}
+
+// serveInnerH2 serves one intercepted HTTP/2 stream. x/net's server
+// recovers a handler's panic and resets the stream, but logs it where the
+// proxy discards (its ErrorLog): the panic is reported here first.
+func (p *Proxy) serveInnerH2(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler {
+				p.panics.Report("http/2 stream", v, "client", r.RemoteAddr)
+			}
+			panic(http.ErrAbortHandler)
+		}
+	}()
+	p.serveInner(w, r)
 }
 
 // serveInnerH1 serves an intercepted HTTP/1.x connection behind its own h1

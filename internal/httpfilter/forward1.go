@@ -129,6 +129,9 @@ func (p *Proxy) reverseProxy(ctx context.Context, w *countingWriter, r *http.Req
 // exchange writes r on u and copies the response to w. An error is
 // returned only while nothing was answered to the guest (the caller
 // answers 502/504); abort means the answer broke after its header.
+// errUploadPanic ends an exchange whose body writer panicked.
+var errUploadPanic = errors.New("writing the request body upstream: panic (see the daemon log)")
+
 func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request, st *fwdState, u *upConn) (abort bool, err error) {
 	// The guest going away (or a revocation closing its connection) ends
 	// the exchange at once, whatever the origin is doing.
@@ -152,6 +155,22 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		// (413, 401) before it has read the body.
 		up = &upload{done: make(chan error, 1)}
 		go func() {
+			// The body is the guest's bytes, read through the h1 guard:
+			// a panic here would otherwise end the daemon. The request is
+			// then a cut one (not relayed), and its body closed early, so
+			// the guest's connection ends after it: where the body stopped
+			// is not known.
+			defer func() {
+				if v := recover(); v != nil {
+					p.panics.Report("http request body", v, "client", r.RemoteAddr)
+					if cb, ok := out.Body.(*countingBody); ok {
+						cb.broken.Store(true)
+					}
+					out.Body.Close()
+					u.close()
+					up.done <- errUploadPanic
+				}
+			}()
 			err := out.Write(u.bw)
 			if err == nil {
 				err = u.bw.Flush()

@@ -116,7 +116,10 @@ type hopts struct {
 	dialer     *recordingDialer
 	decisions  bool    // decision lines through a decisionlog.Writer (h.lines)
 	rate       float64 // Config.RequestRate (negative: no limit)
-	resolver   interface {
+	// wrapListener, when set, wraps the proxy's listener (its accepted
+	// connections are the guest's).
+	wrapListener func(net.Listener) net.Listener
+	resolver     interface {
 		LookupNetIP(context.Context, string) ([]netip.Addr, error)
 	}
 }
@@ -131,6 +134,7 @@ type harness struct {
 	origin  *ca.CA
 	roots   *x509.CertPool
 	log     *syncBuffer
+	diag    *syncBuffer         // Config.Logger's lines
 	lines   *decisionlog.Writer // set with hopts.decisions
 	keyLog  string
 	cancel  context.CancelFunc
@@ -177,9 +181,14 @@ func newHarness(t testing.TB, o hopts) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, res: newFakeResolver(), engine: eng, origin: originCA, roots: roots, log: &syncBuffer{}, keyLog: filepath.Join(dir, "logs", "keys.log")}
+	h := &harness{t: t, res: newFakeResolver(), engine: eng, origin: originCA, roots: roots, log: &syncBuffer{}, diag: &syncBuffer{}, keyLog: filepath.Join(dir, "logs", "keys.log")}
+	var sl net.Listener = ln
+	if o.wrapListener != nil {
+		sl = o.wrapListener(ln)
+	}
 	cfg := Config{
-		Listener: ln,
+		Listener: sl,
+		Logger:   slog.New(slog.NewJSONHandler(h.diag, nil)),
 		Policy:   eng,
 		Resolver: h.res,
 		// The test upstreams listen on loopback: only --allow-host opens it.
@@ -356,12 +365,17 @@ type recordingDialer struct {
 	mu    sync.Mutex
 	addrs []string
 	d     net.Dialer
+	// panics makes every dial panic (after it is recorded).
+	panics bool
 }
 
 func (r *recordingDialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	r.mu.Lock()
 	r.addrs = append(r.addrs, addr)
 	r.mu.Unlock()
+	if r.panics {
+		panic("injected by the test: dial")
+	}
 	return r.d.DialContext(ctx, network, addr)
 }
 

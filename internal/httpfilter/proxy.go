@@ -25,6 +25,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/ca"
+	"github.com/abox-dev/abox/internal/contain"
 	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/netclass"
@@ -128,6 +129,10 @@ type Proxy struct {
 	h1conns map[*h1Conn]struct{}
 
 	live liveSet // connections held for a target, re-checked on policy changes
+
+	// panics reports panics recovered while serving one connection or
+	// request (see internal/contain).
+	panics *contain.Reporter
 }
 
 // Reason codes of the proxy besides those of allowlist, policy, egress and
@@ -210,6 +215,7 @@ func New(cfg Config) (*Proxy, error) {
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
+	p.panics = contain.New(p.log)
 	for _, port := range cfg.Ports {
 		p.ports[port] = true
 	}
@@ -492,6 +498,9 @@ type Stats struct {
 	KeyLog          bool              `json:"keylog"`
 	CertsCached     int               `json:"certs_cached"`
 	Listen          string            `json:"listen"`
+	// Panics counts panics recovered while serving one connection or
+	// request: each ended that one only (the daemon's log has the stack).
+	Panics uint64 `json:"panics"`
 	// Log is the decision log's state (lines, drops, refusals aggregated,
 	// the last write error such as a full disk); nil without Decisions.
 	Log *decisionlog.Stats `json:"log,omitempty"`
@@ -516,6 +525,7 @@ func (p *Proxy) Stats() any {
 		KeyLog:         p.KeyLogEnabled(),
 		CertsCached:    p.cfg.CA.CachedLeaves(),
 		Listen:         p.Addr().String(),
+		Panics:         p.panics.Count(),
 	}
 	if p.lines != nil {
 		ls := p.lines.Stats()

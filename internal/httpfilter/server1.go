@@ -81,8 +81,16 @@ func (g *guestConn) Close() error {
 	return g.Conn.Close()
 }
 
-// serveOuter serves a connection accepted on the proxy's listener.
+// serveOuter serves a connection accepted on the proxy's listener. A panic
+// anywhere in serving it (the server loop, a CONNECT tunnel, an
+// interception) ends this connection only, not the daemon.
 func (p *Proxy) serveOuter(ctx context.Context, c net.Conn) {
+	defer func() {
+		if v := recover(); v != nil {
+			p.panics.Report("http connection", v, "client", c.RemoteAddr().String())
+			c.Close()
+		}
+	}()
 	ctx, cancel := context.WithCancel(withClient(ctx, c))
 	defer cancel()
 	ctx = context.WithValue(ctx, connKey{}, net.Conn(&guestConn{Conn: c, cancel: cancel}))
@@ -252,7 +260,7 @@ func (hc *h1Conn) run(w *h1Response, req *http.Request) (ok bool) {
 	defer func() {
 		if v := recover(); v != nil {
 			if v != http.ErrAbortHandler {
-				hc.p.log.Error("panic serving a request", "client", hc.remote, "panic", v)
+				hc.p.panics.Report("http request", v, "client", hc.remote)
 			}
 			ok = false
 		}

@@ -13,7 +13,7 @@ func BenchmarkTunnelCopy(b *testing.B) {
 	guest, clientEnd := tcpPairB(b)
 	upEnd, origin := tcpPairB(b)
 	var a, u net.Conn = newIdleConn(clientEnd, time.Minute, nil), newIdleConn(upEnd, time.Minute, nil)
-	go pipe(a, u)
+	go pipe(a, u, nil)
 	n := int64(b.N) << 20
 	b.SetBytes(1 << 20)
 	var r0, r1 syscall.Rusage

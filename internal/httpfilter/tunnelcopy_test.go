@@ -55,7 +55,7 @@ func TestTunnelBulkThenTrickle(t *testing.T) {
 	trickle := []byte("tick!")
 	done := make(chan [2]int64, 1)
 	go func() {
-		ab, ba := pipe(g, uic)
+		ab, ba := pipe(g, uic, nil)
 		done <- [2]int64{ab, ba}
 	}()
 	go func() {
@@ -94,7 +94,7 @@ func TestTunnelBulkIdleStillCloses(t *testing.T) {
 	uic := newIdleConn(upEnd, idle, nil)
 	done := make(chan struct{})
 	go func() {
-		pipe(cic, uic)
+		pipe(cic, uic, nil)
 		close(done)
 	}()
 	origin.Write(make([]byte, 8<<20))

@@ -11,6 +11,7 @@ package resolver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -24,6 +25,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/abox-dev/abox/internal/budget"
+	"github.com/abox-dev/abox/internal/contain"
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/upstream"
 )
@@ -58,6 +60,11 @@ type Config struct {
 	Budget *budget.Limiter
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Panics reports a panic while fetching an answer (nil: not reported).
+	// The panic is recovered either way and the callers get an error: a
+	// shared fetch runs under singleflight's DoChan, which would re-raise
+	// it where nothing can recover it.
+	Panics *contain.Reporter
 }
 
 // Resolver implements upstream.Exchanger and egress.Resolver. It is safe
@@ -68,6 +75,7 @@ type Resolver struct {
 	timeout        time.Duration
 	now            func() time.Time
 	budget         *budget.Limiter // nil: lookups are not charged
+	panics         *contain.Reporter
 
 	mu       sync.Mutex
 	entries  map[key]*entry
@@ -126,7 +134,7 @@ func New(cfg Config) (*Resolver, error) {
 	}
 	r := &Resolver{
 		up: cfg.Upstream, minTTL: uint32(lo / time.Second), maxTTL: uint32(hi / time.Second),
-		timeout: cfg.Timeout, now: cfg.Now, budget: cfg.Budget,
+		timeout: cfg.Timeout, now: cfg.Now, budget: cfg.Budget, panics: cfg.Panics,
 		entries: map[key]*entry{}, maxN: cfg.Entries, maxBytes: cfg.MaxBytes,
 		addrs: map[string]addrEntry{},
 	}
@@ -247,7 +255,14 @@ func (r *Resolver) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, time.Dur
 		msg *dns.Msg
 		rtt time.Duration
 	}
-	ch := r.flight.DoChan(k.String(), func() (any, error) {
+	ch := r.flight.DoChan(k.String(), func() (v any, err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				r.panics.Report("upstream query", p, "name", k.name)
+				r.st.errors.Add(1)
+				v, err = nil, fmt.Errorf("querying upstream for %s: %w", k.name, errPanic)
+			}
+		}()
 		r.st.misses.Add(1)
 		// The exchange is shared: one caller giving up must not cancel it
 		// for the others.
@@ -277,6 +292,9 @@ func (r *Resolver) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, time.Dur
 		return out, v.rtt, nil
 	}
 }
+
+// errPanic is the error of a fetch that panicked (reported to Config.Panics).
+var errPanic = errors.New("panic while fetching the answer")
 
 func keyOf(m *dns.Msg) (key, bool) {
 	if len(m.Question) != 1 || m.Opcode != dns.OpcodeQuery || len(m.Answer) > 0 || len(m.Ns) > 0 {

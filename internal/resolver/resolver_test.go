@@ -14,6 +14,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/abox-dev/abox/internal/budget"
+	"github.com/abox-dev/abox/internal/contain"
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/resolver"
@@ -287,5 +288,40 @@ func TestLookupsChargeTheGuestsBudget(t *testing.T) {
 	}
 	if st := r.Stats(); st.Limited != 1 {
 		t.Errorf("stats %+v: want 1 limited", st)
+	}
+}
+
+type panickingUpstream struct{ delay time.Duration }
+
+func (p panickingUpstream) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, time.Duration, error) {
+	time.Sleep(p.delay) // let the merged callers join
+	panic("injected by the test: upstream exchange")
+}
+
+// TestFetchPanicIsAnError: a panic while fetching an answer that several
+// callers share (singleflight's DoChan re-raises it on a goroutine of its
+// own, where nothing can recover it) is reported once and each caller
+// gets an error; the resolver and the process go on.
+func TestFetchPanicIsAnError(t *testing.T) {
+	rep := contain.New(nil)
+	r, err := resolver.New(resolver.Config{Upstream: panickingUpstream{50 * time.Millisecond}, Panics: rep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Int32
+	for range 5 {
+		wg.Go(func() {
+			if _, _, err := r.Exchange(context.Background(), new(dns.Msg).SetQuestion("boom.test.", dns.TypeA)); err != nil {
+				failed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if failed.Load() != 5 {
+		t.Fatalf("%d of 5 callers got an error, want 5", failed.Load())
+	}
+	if rep.Count() != 1 {
+		t.Fatalf("panics reported: %d, want 1 (one shared fetch)", rep.Count())
 	}
 }
