@@ -487,17 +487,20 @@ type Stats struct {
 	Healthchecks    uint64            `json:"healthchecks"`
 	UpstreamErrors  uint64            `json:"upstream_errors"`
 	UpstreamDials   uint64            `json:"upstream_connections"`
-	Tunnels         uint64            `json:"tunnels"`
-	Intercepted     uint64            `json:"intercepted"`
-	TunnelsOpen     int64             `json:"tunnels_open"`
-	ConnsOpen       int64             `json:"connections_open"`
-	ConnsRefused    uint64            `json:"connections_refused"`
-	MaxConns        int               `json:"connections_max"`
-	BytesFromGuest  uint64            `json:"bytes_from_guest"`
-	BytesToGuest    uint64            `json:"bytes_to_guest"`
-	KeyLog          bool              `json:"keylog"`
-	CertsCached     int               `json:"certs_cached"`
-	Listen          string            `json:"listen"`
+	// UpstreamH2Evicted counts idle shared HTTP/2 connections to origins
+	// closed to make room for a new one (at most 256 are kept).
+	UpstreamH2Evicted uint64 `json:"upstream_h2_evicted"`
+	Tunnels           uint64 `json:"tunnels"`
+	Intercepted       uint64 `json:"intercepted"`
+	TunnelsOpen       int64  `json:"tunnels_open"`
+	ConnsOpen         int64  `json:"connections_open"`
+	ConnsRefused      uint64 `json:"connections_refused"`
+	MaxConns          int    `json:"connections_max"`
+	BytesFromGuest    uint64 `json:"bytes_from_guest"`
+	BytesToGuest      uint64 `json:"bytes_to_guest"`
+	KeyLog            bool   `json:"keylog"`
+	CertsCached       int    `json:"certs_cached"`
+	Listen            string `json:"listen"`
 	// Panics counts panics recovered while serving one connection or
 	// request: each ended that one only (the daemon's log has the stack).
 	Panics uint64 `json:"panics"`
@@ -509,23 +512,24 @@ type Stats struct {
 // Stats implements api.Component. Byte counts include closed connections only.
 func (p *Proxy) Stats() any {
 	s := Stats{
-		Requests:       p.stats.requests.Load(),
-		Allowed:        p.stats.allowed.Load(),
-		Healthchecks:   p.stats.healthchecks.Load(),
-		UpstreamErrors: p.stats.upstreamErrors.Load(),
-		UpstreamDials:  p.stats.upstreamDials.Load(),
-		Tunnels:        p.stats.tunnels.Load(),
-		Intercepted:    p.stats.intercepted.Load(),
-		TunnelsOpen:    p.stats.tunnelsOpen.Load(),
-		ConnsOpen:      p.stats.connsOpen.Load(),
-		ConnsRefused:   p.stats.connsRefused.Load(),
-		MaxConns:       p.cfg.MaxConns,
-		BytesFromGuest: p.stats.bytesFromClients.Load(),
-		BytesToGuest:   p.stats.bytesToClients.Load(),
-		KeyLog:         p.KeyLogEnabled(),
-		CertsCached:    p.cfg.CA.CachedLeaves(),
-		Listen:         p.Addr().String(),
-		Panics:         p.panics.Count(),
+		Requests:          p.stats.requests.Load(),
+		Allowed:           p.stats.allowed.Load(),
+		Healthchecks:      p.stats.healthchecks.Load(),
+		UpstreamErrors:    p.stats.upstreamErrors.Load(),
+		UpstreamDials:     p.stats.upstreamDials.Load(),
+		UpstreamH2Evicted: p.pool.h2Evicted.Load(),
+		Tunnels:           p.stats.tunnels.Load(),
+		Intercepted:       p.stats.intercepted.Load(),
+		TunnelsOpen:       p.stats.tunnelsOpen.Load(),
+		ConnsOpen:         p.stats.connsOpen.Load(),
+		ConnsRefused:      p.stats.connsRefused.Load(),
+		MaxConns:          p.cfg.MaxConns,
+		BytesFromGuest:    p.stats.bytesFromClients.Load(),
+		BytesToGuest:      p.stats.bytesToClients.Load(),
+		KeyLog:            p.KeyLogEnabled(),
+		CertsCached:       p.cfg.CA.CachedLeaves(),
+		Listen:            p.Addr().String(),
+		Panics:            p.panics.Count(),
 	}
 	if p.lines != nil {
 		ls := p.lines.Stats()

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -25,6 +26,15 @@ const (
 	// key and in all.
 	upMaxIdlePerKey = 64
 	upMaxIdle       = 512
+	// upMaxH2 bounds the shared HTTP/2 connections kept: at the bound a
+	// new one takes the place of the one idle longest. Each key (address,
+	// host) has its own, kept 90 s after its last stream: without a bound,
+	// a guest asking for new names under an allowlisted wildcard (its DNS
+	// rate, 200 a second) would have the proxy hold some 18,000
+	// connections, their file descriptors (the process's limit) and a GiB
+	// of memory. Busy connections are never closed for it: they are
+	// bounded by the requests forwarded at once (MaxUpstream).
+	upMaxH2 = 256
 	// upMaxResponseHeader bounds an upstream response header block.
 	upMaxResponseHeader = 1 << 20
 	upReadBuf           = 8 << 10
@@ -104,6 +114,10 @@ type upstreamPool struct {
 	idle  map[upstreamKey][]*upConn
 	nidle int
 	h2    map[upstreamKey][]*h2Conn
+	nh2   int // connections in h2
+	maxH2 int // upMaxH2; tests lower it
+	// h2Evicted counts HTTP/2 connections closed to make room (upMaxH2).
+	h2Evicted atomic.Uint64
 }
 
 type h2Conn struct {
@@ -112,7 +126,7 @@ type h2Conn struct {
 }
 
 func newUpstreamPool() *upstreamPool {
-	return &upstreamPool{idle: map[upstreamKey][]*upConn{}, h2: map[upstreamKey][]*h2Conn{}}
+	return &upstreamPool{idle: map[upstreamKey][]*upConn{}, h2: map[upstreamKey][]*h2Conn{}, maxH2: upMaxH2}
 }
 
 // get returns an idle HTTP/1.1 connection or a usable HTTP/2 connection to
@@ -186,8 +200,52 @@ func (p *upstreamPool) put(u *upConn) {
 // addH2 shares a new HTTP/2 connection under k.
 func (p *upstreamPool) addH2(k upstreamKey, t egress.Target, cc *http2.ClientConn) {
 	p.mu.Lock()
+	var evict *http2.ClientConn
+	if p.nh2 >= p.maxH2 {
+		evict = p.takeIdlestH2()
+	}
 	p.h2[k] = append(p.h2[k], &h2Conn{cc: cc, t: t})
+	p.nh2++
 	p.mu.Unlock()
+	if evict != nil {
+		p.h2Evicted.Add(1)
+		evict.Close()
+	}
+}
+
+// takeIdlestH2 removes and returns the HTTP/2 connection idle longest, nil
+// when every one is busy or has not carried its first stream yet (it was
+// dialled for a request about to use it). p.mu must be held.
+func (p *upstreamPool) takeIdlestH2() *http2.ClientConn {
+	var (
+		bestKey  upstreamKey
+		bestIdx  = -1
+		bestIdle time.Time
+	)
+	for k, hs := range p.h2 {
+		for i, h := range hs {
+			st := h.cc.State()
+			if st.StreamsActive > 0 || st.LastIdle.IsZero() {
+				continue
+			}
+			if bestIdx < 0 || st.LastIdle.Before(bestIdle) {
+				bestKey, bestIdx, bestIdle = k, i, st.LastIdle
+			}
+		}
+	}
+	if bestIdx < 0 {
+		return nil
+	}
+	hs := p.h2[bestKey]
+	cc := hs[bestIdx].cc
+	hs = append(hs[:bestIdx], hs[bestIdx+1:]...)
+	if len(hs) == 0 {
+		delete(p.h2, bestKey)
+	} else {
+		p.h2[bestKey] = hs
+	}
+	p.nh2--
+	return cc
 }
 
 // sweep closes idle connections that timed out or whose target keep no
@@ -224,6 +282,7 @@ func (p *upstreamPool) sweep(keep func(egress.Target) bool) {
 			}
 			kept = append(kept, h)
 		}
+		p.nh2 -= len(hs) - len(kept)
 		if len(kept) == 0 {
 			delete(p.h2, k)
 		} else {
