@@ -20,6 +20,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/api"
+	"github.com/abox-dev/abox/internal/daemon"
 	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/policy"
 	"github.com/abox-dev/abox/internal/termtext"
@@ -140,12 +141,16 @@ func (e *env) filterTrouble(ctx context.Context, name string) []string {
 
 func newComponentLogsCmd(e *env, component string) *cobra.Command {
 	var n int
-	var follow bool
+	var follow, refusals bool
 	cmd := &cobra.Command{
 		Use:   "logs NAME",
 		Short: fmt.Sprintf("Print the %s filter's recent decisions (JSON lines)", component),
 		Args:  exactArgs(1, "an instance NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			component := component
+			if refusals {
+				component += daemon.RefusalsSuffix
+			}
 			c, err := e.apiClient(args[0])
 			if err != nil {
 				return err
@@ -182,6 +187,7 @@ func newComponentLogsCmd(e *env, component string) *cobra.Command {
 	}
 	cmd.Flags().IntVarP(&n, "lines", "n", 100, "number of recent lines")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new lines")
+	cmd.Flags().BoolVar(&refusals, "refusals", false, "only the refusal stream: blocks, their aggregates and warnings, which allowed traffic cannot push out")
 	return cmd
 }
 

@@ -124,19 +124,14 @@ func (f *serveFlags) resolve(e *env) (daemon.Config, paths.Layout, func(), error
 }
 
 // serveLogStream is the logging of a foreground filter: decision lines and
-// diagnostics in one stream, to the log file or stderr.
+// diagnostics in one stream, to the log file or stderr. A log file is
+// size-capped and rotated as an instance's are, and its refusal stream
+// goes next to it (see daemon.LogConfig.StreamFile).
 func serveLogStream(e *env, logFile string) (daemon.LogConfig, func(), error) {
 	if logFile == "" {
 		return daemon.LogConfig{Stream: e.stderr}, func() {}, nil
 	}
-	if err := os.MkdirAll(filepath.Dir(logFile), 0o755); err != nil {
-		return daemon.LogConfig{}, nil, fmt.Errorf("opening --log-file: %w", err)
-	}
-	f, err := os.OpenFile(logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
-	if err != nil {
-		return daemon.LogConfig{}, nil, fmt.Errorf("opening --log-file: %w", err)
-	}
-	return daemon.LogConfig{Stream: f}, func() { f.Close() }, nil
+	return daemon.LogConfig{StreamFile: logFile}, func() {}, nil
 }
 
 // serveDataPlane runs cfg, turning its errors into usage errors and hints.

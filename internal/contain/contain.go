@@ -62,7 +62,8 @@ func (r *Reporter) Report(what string, v any, attrs ...any) {
 	if r == nil {
 		return
 	}
-	r.count.Add(1)
+	// Counted once logged: a reader that sees the count finds the line.
+	defer r.count.Add(1)
 	r.mu.Lock()
 	if !r.lim.Allow() {
 		r.suppressed++

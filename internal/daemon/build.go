@@ -140,33 +140,71 @@ func (b *builder) closeAll() {
 }
 
 // decisionStream is one filter's decision log: the writer the filter
-// encodes into and the ring the API serves.
+// encodes into, the ring the API serves, and the ring of its refusal
+// stream (every line but allowed decisions).
 type decisionStream struct {
-	w    *decisionlog.Writer
-	ring *logring.Ring
+	w        *decisionlog.Writer
+	ring     *logring.Ring
+	refusals *logring.Ring
 }
 
 func (b *builder) stream(lc LogConfig, file string) (decisionStream, error) {
 	ring := logring.New(or(lc.RingLines, 2000))
+	refusals := logring.New(or(lc.RingLines, 2000))
 	out := lc.Stream
+	var keptOut io.Writer = io.Discard
+	if lc.streamRefusals != nil {
+		keptOut = lc.streamRefusals
+	}
 	if file != "" {
-		// Size-capped and rotated: a guest cannot fill the disk through it.
-		f, err := decisionlog.OpenFile(file, decisionlog.FileConfig{})
+		// Size-capped and rotated: a guest cannot fill the disk through
+		// them. The refusal stream has a file of its own, so that the
+		// guest's allowed traffic cannot rotate a refusal away.
+		fc := decisionlog.FileConfig{MaxMB: lc.FileMaxMB}
+		f, err := decisionlog.OpenFile(file, fc)
 		if err != nil {
 			return decisionStream{}, err
 		}
 		b.onClose(func() { f.Close() })
-		out = f
+		kf, err := decisionlog.OpenFile(decisionlog.RefusalsPath(file), fc)
+		if err != nil {
+			return decisionStream{}, err
+		}
+		b.onClose(func() { kf.Close() })
+		out, keptOut = f, kf
 	}
 	if out == nil {
 		out = io.Discard
 	}
-	w := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{out, ring}})
-	b.onClose(func() { w.Close() }) // flushed before its file closes
-	return decisionStream{w: w, ring: ring}, nil
+	w := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{out, ring}, Kept: []io.Writer{keptOut, refusals}})
+	b.onClose(func() { w.Close() }) // flushed before its files close
+	return decisionStream{w: w, ring: ring, refusals: refusals}, nil
+}
+
+// openStreamFile opens lc.StreamFile as lc's Stream and its refusal
+// stream, once for both filters.
+func (b *builder) openStreamFile(lc *LogConfig) error {
+	if lc.StreamFile == "" {
+		return nil
+	}
+	f, err := decisionlog.OpenFile(lc.StreamFile, decisionlog.FileConfig{MaxMB: lc.FileMaxMB})
+	if err != nil {
+		return err
+	}
+	b.onClose(func() { f.Close() })
+	kf, err := decisionlog.OpenFile(decisionlog.RefusalsPath(lc.StreamFile), decisionlog.FileConfig{MaxMB: lc.FileMaxMB})
+	if err != nil {
+		return err
+	}
+	b.onClose(func() { kf.Close() })
+	lc.Stream, lc.streamRefusals = f, kf
+	return nil
 }
 
 func (b *builder) build(cfg Config) (Options, Info, error) {
+	if err := b.openStreamFile(&cfg.Logs); err != nil {
+		return Options{}, Info{}, err
+	}
 	var (
 		info  Info
 		svcs  []Service
@@ -179,13 +217,13 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 		if dns, err = b.stream(cfg.Logs, cfg.Logs.DNSFile); err != nil {
 			return Options{}, info, err
 		}
-		logs["dns"] = dns.ring
+		logs["dns"], logs["dns"+RefusalsSuffix] = dns.ring, dns.refusals
 	}
 	if cfg.HTTP != nil {
 		if httpd, err = b.stream(cfg.Logs, cfg.Logs.HTTPFile); err != nil {
 			return Options{}, info, err
 		}
-		logs["http"] = httpd.ring
+		logs["http"], logs["http"+RefusalsSuffix] = httpd.ring, httpd.refusals
 	}
 	// Diagnostics: into the decision stream when there is one stream, to
 	// Diag when each filter has its own file.

@@ -133,17 +133,34 @@ type HTTPConfig struct {
 type LogConfig struct {
 	// DNSFile and HTTPFile, when set, receive each filter's decision lines
 	// (mode 0600, size-capped and rotated; paths.Instance names them);
-	// diagnostics then go to Diag.
+	// diagnostics then go to Diag. Every line but allowed decisions also
+	// goes to the file's refusal stream, decisionlog.RefusalsPath(file),
+	// capped and rotated on its own.
 	DNSFile, HTTPFile string
+	// FileMaxMB is the size at which each file is rotated (0:
+	// decisionlog.DefaultMaxFileMB).
+	FileMaxMB int
 	// Stream, when the files are not set, receives decision lines and
 	// diagnostics alike, as JSON lines.
 	Stream io.Writer
+	// StreamFile, when set instead of Stream (`--log-file`), is a file
+	// that receives them, size-capped and rotated, with its refusal
+	// stream in decisionlog.RefusalsPath(StreamFile).
+	StreamFile string
+	// streamRefusals is StreamFile's refusal stream, once opened.
+	streamRefusals io.Writer
 	// Diag receives diagnostics when the files are set; nil discards them.
 	Diag io.Writer
 	// RingLines is how many recent lines per filter the API keeps for
-	// `abox dns logs` / `abox http logs`; 0 means 2000.
+	// `abox dns logs` / `abox http logs`, and as many of its refusal
+	// stream (the component NAME+RefusalsSuffix, `logs --refusals`);
+	// 0 means 2000.
 	RingLines int
 }
+
+// RefusalsSuffix names a filter's refusal stream among the API's log
+// components: "dns-refusals", "http-refusals".
+const RefusalsSuffix = "-refusals"
 
 // Info is what a started data plane tells its caller.
 type Info struct {

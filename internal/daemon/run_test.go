@@ -46,6 +46,12 @@ func startPlaneDNS(t *testing.T, dc DNSConfig) *plane { return startPlaneWith(t,
 // closed.
 func startPlaneWith(t *testing.T, dc DNSConfig, hc HTTPConfig) *plane {
 	t.Helper()
+	return startPlaneLogs(t, dc, hc, LogConfig{})
+}
+
+// startPlaneLogs is startPlaneWith with the logging lc.
+func startPlaneLogs(t *testing.T, dc DNSConfig, hc HTTPConfig, lc LogConfig) *plane {
+	t.Helper()
 	unblock, arrived := make(chan struct{}), make(chan struct{}, 8)
 	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/block" {
@@ -90,6 +96,7 @@ func startPlaneWith(t *testing.T, dc DNSConfig, hc HTTPConfig) *plane {
 			AllowHost: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
 			DNS:       &dc,
 			HTTP:      &hc,
+			Logs:      lc,
 			Ready:     func(i Info) { ready <- i },
 		})
 	}()

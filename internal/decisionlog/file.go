@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"gopkg.in/natefinch/lumberjack.v2"
 )
@@ -15,6 +16,15 @@ const (
 	DefaultMaxFileMB = 50
 	DefaultBackups   = 3
 )
+
+// RefusalsPath is where the refusal stream of the decision log at path is
+// kept (Config.Kept): dns.log's in dns.refusals.log. Its rotated files
+// (dns.refusals-TIMESTAMP.log) never match dns.log's (dns-TIMESTAMP.log),
+// so neither file's rotation removes the other's.
+func RefusalsPath(path string) string {
+	ext := filepath.Ext(path)
+	return strings.TrimSuffix(path, ext) + ".refusals" + ext
+}
 
 // FileConfig configures OpenFile.
 type FileConfig struct {

@@ -22,6 +22,14 @@ type Config struct {
 	// file (or stderr) and a logring.Ring. A sink's error is counted and
 	// does not keep the batch from the other sinks. Writer never closes them.
 	Sinks []io.Writer
+	// Kept receive every line except allowed decisions (EmitAllowed):
+	// blocks and refusals, their aggregates, warnings, diagnostics, the
+	// overflow report. Typically a second, size-capped file and ring: a
+	// guest's allowed traffic, which can be as fast as its rate limit,
+	// rotates Sinks but cannot push a refusal out of Kept (refusals
+	// themselves are held to RefusalsPerClient). Same error handling as
+	// Sinks.
+	Kept []io.Writer
 	// MaxBytes bounds the lines queued for the sinks (DefaultMaxBytes if
 	// <= 0). A full queue makes producers wait, see MaxWait.
 	MaxBytes int
@@ -78,6 +86,7 @@ type Stats struct {
 // hold whole lines, as slog's do.
 type Writer struct {
 	sinks    []io.Writer
+	kept     []io.Writer
 	maxBytes int
 	maxWait  time.Duration
 	interval time.Duration
@@ -87,6 +96,9 @@ type Writer struct {
 	// pending holds whole lines not yet taken by the flusher; len(pending)
 	// exceeds maxBytes only by a line added to an empty queue.
 	pending []byte
+	// keptPending holds the lines of pending that also go to kept, in
+	// order (all but allowed decisions); empty without kept.
+	keptPending []byte
 	// room is closed when the flusher takes pending; nil while no producer waits.
 	room chan struct{}
 	// dropping is set when a line was dropped and cleared when the flusher
@@ -98,11 +110,11 @@ type Writer struct {
 
 	// kick wakes the flusher: the first line of a batch starts its interval,
 	// a queue half full or a waiting producer ends it early.
-	kick  chan struct{}
-	syncc chan chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
-	spare []byte // owned by the flusher
+	kick             chan struct{}
+	syncc            chan chan struct{}
+	stop             chan struct{}
+	done             chan struct{}
+	spare, keptSpare []byte // owned by the flusher
 	// err is the last error of a sink; written by the flusher only, read after done.
 	err error
 
@@ -122,6 +134,7 @@ type sinkError struct {
 func New(cfg Config) *Writer {
 	w := &Writer{
 		sinks:    cfg.Sinks,
+		kept:     cfg.Kept,
 		maxBytes: cfg.MaxBytes,
 		maxWait:  cfg.MaxWait,
 		interval: cfg.Interval,
@@ -157,10 +170,18 @@ func New(cfg Config) *Writer {
 	return w
 }
 
-// Emit queues l (adding the closing brace and newline) and recycles it.
-// It waits at most MaxWait; see Writer.
+// Emit queues l (adding the closing brace and newline) for every sink,
+// Kept ones included, and recycles it. It waits at most MaxWait; see
+// Writer.
 func (w *Writer) Emit(l *Line) {
-	w.enqueue(l.finish())
+	w.enqueue(l.finish(), false)
+	l.Free()
+}
+
+// EmitAllowed is Emit for the line of an allowed decision: it goes to
+// Sinks only, not to Kept.
+func (w *Writer) EmitAllowed(l *Line) {
+	w.enqueue(l.finish(), true)
 	l.Free()
 }
 
@@ -192,11 +213,14 @@ func (w *Writer) AdmitRefusal(client netip.Addr, reason string) bool {
 // Write queues p, which must be whole lines ending in a newline. It never
 // fails: a line that cannot be queued is counted as dropped.
 func (w *Writer) Write(p []byte) (int, error) {
-	w.enqueue(p)
+	w.enqueue(p, false)
 	return len(p), nil
 }
 
-func (w *Writer) enqueue(p []byte) {
+// enqueue queues p for Sinks, and for Kept unless it is an allowed
+// decision (allowed). The bound counts pending, of which keptPending is a
+// part.
+func (w *Writer) enqueue(p []byte, allowed bool) {
 	w.mu.Lock()
 	if w.full(p) && !w.waitRoom(p) {
 		w.unreported++
@@ -206,6 +230,9 @@ func (w *Writer) enqueue(p []byte) {
 	}
 	first := len(w.pending) == 0
 	w.pending = append(w.pending, p...)
+	if !allowed && len(w.kept) > 0 {
+		w.keptPending = append(w.keptPending, p...)
+	}
 	half := len(w.pending) >= w.maxBytes/2
 	w.mu.Unlock()
 	w.lines.Add(1)
@@ -308,7 +335,7 @@ func (w *Writer) run() {
 		select {
 		case <-floodTick:
 			for _, l := range w.flood.summaries(w.now()) {
-				w.enqueue(l)
+				w.enqueue(l, false)
 			}
 			continue
 		case <-w.kick:
@@ -354,6 +381,9 @@ func (w *Writer) flushFlood() {
 	for _, l := range w.flood.summaries(w.now().Add(w.flood.interval)) {
 		w.mu.Lock()
 		w.pending = append(w.pending, l...)
+		if len(w.kept) > 0 {
+			w.keptPending = append(w.keptPending, l...)
+		}
 		w.mu.Unlock()
 	}
 }
@@ -368,8 +398,8 @@ func (w *Writer) urgent() bool {
 // flush hands the queued lines to the sinks. Only the flusher goroutine calls it.
 func (w *Writer) flush() {
 	w.mu.Lock()
-	batch := w.pending
-	w.pending = w.spare[:0]
+	batch, kept := w.pending, w.keptPending
+	w.pending, w.keptPending = w.spare[:0], w.keptSpare[:0]
 	if w.room != nil {
 		close(w.room)
 		w.room = nil
@@ -381,22 +411,39 @@ func (w *Writer) flush() {
 	if lost > 0 {
 		l := NewLine(w.now(), slog.LevelWarn, "decision log overflow")
 		l.Int("dropped", int64(lost)).Int("max_bytes", int64(w.maxBytes))
-		batch = append(batch, l.finish()...)
+		b := l.finish()
+		batch = append(batch, b...)
+		if len(w.kept) > 0 {
+			kept = append(kept, b...)
+		}
 		l.Free()
 	}
 	if len(batch) > 0 {
 		var failed *sinkError
-		for _, s := range w.sinks {
-			if _, err := s.Write(batch); err != nil {
-				w.writeErrors.Add(1)
-				w.err = err
-				failed = &sinkError{msg: err.Error(), at: w.now()}
+		write := func(sinks []io.Writer, b []byte) {
+			if len(b) == 0 {
+				return
+			}
+			for _, s := range sinks {
+				if _, err := s.Write(b); err != nil {
+					w.writeErrors.Add(1)
+					w.err = err
+					failed = &sinkError{msg: err.Error(), at: w.now()}
+				}
 			}
 		}
+		write(w.sinks, batch)
+		write(w.kept, kept)
 		w.lastErr.Store(failed)
 	}
-	if cap(batch) > 2*w.maxBytes {
-		batch = nil // a burst of large lines; do not keep it
+	w.spare, w.keptSpare = reuse(batch, w.maxBytes), reuse(kept, w.maxBytes)
+}
+
+// reuse returns b emptied for the next batch, or nil after a burst of
+// large lines (not to be kept).
+func reuse(b []byte, maxBytes int) []byte {
+	if cap(b) > 2*maxBytes {
+		return nil
 	}
-	w.spare = batch[:0]
+	return b[:0]
 }

@@ -463,6 +463,10 @@ func (s *Server) logDecision(client netip.Addr, d decision) {
 	} else {
 		decisionFields(l, d)
 	}
+	if d.verdict == allowlist.Allow {
+		s.dlog.EmitAllowed(l) // not in the refusal stream; see docs/dns.md
+		return
+	}
 	s.dlog.Emit(l)
 }
 

@@ -17,6 +17,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/abox-dev/abox/internal/api"
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/hostfw"
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/libvirt"
@@ -364,7 +365,7 @@ func logChecks(in Instance, r *Report) {
 		return
 	}
 	var bad []string
-	for _, p := range []string{in.Files.DNSLog, in.Files.HTTPLog, in.Files.DaemonLog} {
+	for _, p := range []string{in.Files.DNSLog, decisionlog.RefusalsPath(in.Files.DNSLog), in.Files.HTTPLog, decisionlog.RefusalsPath(in.Files.HTTPLog), in.Files.DaemonLog} {
 		lf, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
 		if errors.Is(err, os.ErrNotExist) {
 			continue

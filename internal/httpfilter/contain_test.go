@@ -151,7 +151,7 @@ func TestPanicEndsOneConnection(t *testing.T) {
 				t.Fatalf("panics counted: %d, want %d", n, wantPanics)
 			}
 			if l := h.diagLine("what", tc.what); l == nil || l["msg"] != "panic contained" || !strings.Contains(fmt.Sprint(l["stack"]), "httpfilter") {
-				t.Fatalf("no report of the panic in the log (what=%q): %v\n%s", tc.what, l, h.diag.b.String())
+				t.Fatalf("no report of the panic in the log (what=%q): %v\n%s", tc.what, l, h.diag.String())
 			}
 			// A new connection is served, and so is the old one.
 			resp, err := h.client(false).Get(target + "/echo/after")
@@ -229,7 +229,7 @@ func TestPanicInHandlerReported(t *testing.T) {
 			t.Fatalf("h2=%v: panics counted: %d, want %d", tc.h2, n, i+1)
 		}
 		if l := h.diagLine("what", tc.what); l == nil {
-			t.Fatalf("h2=%v: no report of the panic (what=%q) in the log:\n%s", tc.h2, tc.what, h.diag.b.String())
+			t.Fatalf("h2=%v: no report of the panic (what=%q) in the log:\n%s", tc.h2, tc.what, h.diag.String())
 		}
 	}
 	// The proxy still answers.
@@ -238,4 +238,32 @@ func TestPanicInHandlerReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
+}
+
+// TestRefusalStreamHoldsNoAllowedLine: with a decision log, a blocked
+// request's line goes to the refusal stream too, an allowed one only to
+// the main stream (so the guest's allowed traffic cannot rotate refusals
+// away; daemon TestAllowedFloodKeepsRefusals floods it).
+func TestRefusalStreamHoldsNoAllowedLine(t *testing.T) {
+	h := newHarness(t, hopts{allow: []string{"origin.test"}, decisions: true})
+	o := newHTTPOrigin(t, originMux())
+	pt := port(t, o)
+	h.allowOrigin("origin.test", o, pt)
+	h.res.set("other.test", "127.0.0.1")
+	c := h.client(false)
+	for _, host := range []string{"origin.test", "other.test"} {
+		resp, err := c.Get("http://" + host + ":" + pt + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	h.lines.Sync()
+	kept := h.kept.lines()
+	if len(kept) != 1 || kept[0]["host"] != "other.test" || kept[0]["verdict"] != "block" {
+		t.Fatalf("refusal stream: %v, want the one block of other.test", kept)
+	}
+	if all := h.log.lines(); len(all) != 2 {
+		t.Fatalf("main stream: %d lines, want 2", len(all))
+	}
 }

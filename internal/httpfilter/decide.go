@@ -156,7 +156,9 @@ func (p *Proxy) finish(r *record) {
 			p.lines.EmitRefusal(client, r.reason, r.line(time.Now()))
 			return
 		}
-		p.lines.Emit(r.line(time.Now()))
+		// Not in the refusal stream: the guest's allowed traffic, as fast
+		// as its rate limit, must not rotate a refusal away.
+		p.lines.EmitAllowed(r.line(time.Now()))
 		return
 	}
 	if !p.dlog.Enabled(context.Background(), slog.LevelInfo) {

@@ -85,6 +85,12 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	return s.b.Write(p)
 }
 
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 func (s *syncBuffer) lines() []map[string]any {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -135,6 +141,7 @@ type harness struct {
 	roots   *x509.CertPool
 	log     *syncBuffer
 	diag    *syncBuffer         // Config.Logger's lines
+	kept    *syncBuffer         // the refusal stream of lines (hopts.decisions)
 	lines   *decisionlog.Writer // set with hopts.decisions
 	keyLog  string
 	cancel  context.CancelFunc
@@ -216,7 +223,8 @@ func newHarness(t testing.TB, o hopts) *harness {
 		cfg.Dialer = o.dialer
 	}
 	if o.decisions {
-		h.lines = decisionlog.New(decisionlog.Config{Sinks: []io.Writer{h.log}})
+		h.kept = &syncBuffer{}
+		h.lines = decisionlog.New(decisionlog.Config{Sinks: []io.Writer{h.log}, Kept: []io.Writer{h.kept}})
 		t.Cleanup(func() { h.lines.Close() })
 		cfg.Decisions = h.lines
 	}
