@@ -11,11 +11,12 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/cilium/tetragon/api/v1/tetragon"
 	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/abox-dev/abox/internal/termtext"
 )
 
 // Event types of a normalised event.
@@ -244,8 +245,9 @@ func proc(p *tetragon.Process) *Proc {
 }
 
 // clean makes a guest-chosen string safe to store and to print: invalid
-// UTF-8 and every control character (C0, DEL, C1 such as the 8-bit CSI, and
-// the bidirectional overrides that reorder what a terminal shows) become
+// UTF-8 and every rune termtext holds unsafe for a terminal (C0, DEL, C1
+// such as the 8-bit CSI, the line and paragraph separators, and the
+// bidirectional overrides that reorder what a terminal shows) become
 // U+FFFD, and the result is cut to max bytes on a rune boundary.
 func clean(s string, max int) string {
 	if len(s) > 4*max {
@@ -255,7 +257,7 @@ func clean(s string, max int) string {
 	for i, w := 0, 0; i < len(s); i += w {
 		r, size := utf8.DecodeRuneInString(s[i:])
 		w = size
-		if r == utf8.RuneError && size <= 1 || unicode.IsControl(r) || isBidi(r) {
+		if r == utf8.RuneError && size <= 1 || termtext.Unsafe(r) {
 			r = utf8.RuneError
 		}
 		if b.Len()+utf8.RuneLen(r) > max {
@@ -264,10 +266,6 @@ func clean(s string, max int) string {
 		b.WriteRune(r)
 	}
 	return b.String()
-}
-
-func isBidi(r rune) bool {
-	return r >= 0x202a && r <= 0x202e || r >= 0x2066 && r <= 0x2069 || r == 0x200e || r == 0x200f || r == 0x061c
 }
 
 // Printable is s made safe for a terminal, as every stored field already is;

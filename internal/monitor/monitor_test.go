@@ -17,11 +17,13 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/abox-dev/abox/internal/termtext"
 )
 
 // export renders an event the way Tetragon's JSON export does (protojson
 // with the proto field names).
-func export(t *testing.T, r *tetragon.GetEventsResponse) []byte {
+func export(t testing.TB, r *tetragon.GetEventsResponse) []byte {
 	t.Helper()
 	b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(r)
 	if err != nil {
@@ -98,10 +100,11 @@ func TestParseTetragonExport(t *testing.T) {
 }
 
 // TestUntrustedFields: whatever the guest puts in a string, the stored line
-// holds no control character, no bidi override and no invalid UTF-8, and
-// stays bounded.
+// holds nothing termtext holds unsafe for a terminal (no control
+// character, no line or paragraph separator, no bidi override) and no
+// invalid UTF-8, and stays bounded.
 func TestUntrustedFields(t *testing.T) {
-	hostile := "a\x1b[2J\x1b]0;pwned\x07b\u009b31mc\r\n\u202eevil" + strings.Repeat("x", 100000)
+	hostile := "a\x1b[2J\x1b]0;pwned\x07b\u009b31mc\r\n\u202eevil\u2028line\u2029para" + strings.Repeat("x", 100000)
 	ev, _, err := Parse(export(t, execEvent(hostile, hostile, 0)), time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +114,7 @@ func TestUntrustedFields(t *testing.T) {
 	json.Unmarshal(b, &back)
 	for _, s := range []string{back.Process.Binary, back.Process.Args} {
 		for _, r := range s {
-			if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || isBidi(r) {
+			if termtext.Unsafe(r) {
 				t.Fatalf("control character %U survived in %q", r, s[:40])
 			}
 		}
