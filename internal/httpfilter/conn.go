@@ -98,7 +98,12 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			return l.p.track(c, func() { <-l.sem }), nil
 		default:
 			l.p.stats.connsRefused.Add(1)
-			go refuseConn(c)
+			go func() {
+				refuseConn(c)
+				// A blocked line, folded per client as every refusal is:
+				// the limit's trips are in the refusal stream.
+				l.p.guardRefused(c.RemoteAddr().String(), "", ReasonTooManyConns)
+			}()
 		}
 	}
 }

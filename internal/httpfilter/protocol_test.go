@@ -531,7 +531,8 @@ func TestKeyLog(t *testing.T) {
 	}
 }
 
-// TestConnectionCap: connections over the cap get a 503 at once.
+// TestConnectionCap: connections over the cap get a 503 at once, and the
+// refusal has its decision line.
 func TestConnectionCap(t *testing.T) {
 	h := newHarness(t, hopts{maxConns: 2})
 	var held []net.Conn
@@ -556,6 +557,10 @@ func TestConnectionCap(t *testing.T) {
 	held[1].Close()
 	if st := h.p.Stats().(Stats); st.ConnsRefused != 1 {
 		t.Errorf("connections_refused = %d, want 1", st.ConnsRefused)
+	}
+	waitFor(t, func() bool { return h.lastLog("reason", ReasonTooManyConns) != nil }, "a decision line for the refused connection")
+	if l := h.lastLog("reason", ReasonTooManyConns); l["verdict"] != "block" || fmt.Sprint(l["status"]) != "503" {
+		t.Errorf("decision line of the refused connection: %v", l)
 	}
 }
 

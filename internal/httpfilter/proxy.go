@@ -383,6 +383,8 @@ func (p *Proxy) guardRefused(client, connect, reason string) {
 		status = 505
 	case ReasonExpectation:
 		status = 417
+	case ReasonTooManyConns:
+		status = 503
 	}
 	p.finish(&record{start: time.Now(), kind: "http", client: client, connect: connect, status: status,
 		verdict: allowlist.Block, reason: reason, denialID: newDenialID()})
