@@ -2,12 +2,16 @@ package libvirt
 
 import (
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"text/template"
+	"text/template/parse"
 
 	"libvirt.org/go/libvirtxml"
+
+	"github.com/abox-dev/abox/internal/limitio"
 )
 
 // TemplateWarning is shown whenever a user domain template is used.
@@ -55,6 +59,50 @@ func templateData(p Params) TemplateData {
 	}
 }
 
+// MaxRenderedBytes bounds a rendered domain template: abox's own domain is
+// a few KiB, and a template must not make abox hold gigabytes.
+const MaxRenderedBytes = 1 << 20
+
+// boundedTemplate refuses the actions that make a template's work grow
+// faster than its text: {{range}} (a number ranges since Go 1.22, and
+// nested ranges never end; TemplateData holds no lists to range over) and
+// {{template}}, {{define}} and {{block}} (templates calling each other
+// twenty times a level render megabytes from a few lines, or spin without
+// output). Field values, {{if}} and {{with}} are what a domain needs, and
+// do as much work as the text is long.
+func boundedTemplate(t *template.Template) error {
+	if len(t.Templates()) > 1 {
+		return errors.New("{{define}} and {{block}} are not allowed in a domain template; write the domain out")
+	}
+	var walk func(n parse.Node) error
+	walk = func(n parse.Node) error {
+		switch n := n.(type) {
+		case *parse.ListNode:
+			if n == nil {
+				return nil
+			}
+			for _, c := range n.Nodes {
+				if err := walk(c); err != nil {
+					return err
+				}
+			}
+		case *parse.IfNode:
+			return errors.Join(walk(n.List), walk(n.ElseList))
+		case *parse.WithNode:
+			return errors.Join(walk(n.List), walk(n.ElseList))
+		case *parse.RangeNode:
+			return fmt.Errorf("line %d: {{range}} is not allowed in a domain template (its values are single strings; write repeated elements out)", n.Line)
+		case *parse.TemplateNode:
+			return fmt.Errorf("line %d: {{template}} is not allowed in a domain template; write the domain out", n.Line)
+		}
+		return nil
+	}
+	if t.Tree == nil {
+		return nil
+	}
+	return walk(t.Tree.Root)
+}
+
 // RenderTemplate renders a user domain template (overrides.libvirt.template,
 // Go text/template syntax over TemplateData) and checks the result. It
 // returns the domain XML and TemplateWarning, which the caller must show
@@ -77,12 +125,18 @@ func RenderTemplate(text string, p Params) (domainXML, warning string, err error
 	if err != nil {
 		return "", "", fmt.Errorf("parsing domain template: %w", err)
 	}
-	var b strings.Builder
-	if err := t.Execute(&b, templateData(p)); err != nil {
+	if err := boundedTemplate(t); err != nil {
+		return "", "", fmt.Errorf("parsing domain template: %w", err)
+	}
+	b := &limitio.Buffer{Max: MaxRenderedBytes, Fail: true}
+	if err := t.Execute(b, templateData(p)); err != nil {
+		if b.Over() {
+			return "", "", fmt.Errorf("rendering domain template: the domain would be larger than %d bytes", MaxRenderedBytes)
+		}
 		return "", "", fmt.Errorf("rendering domain template: %w", err)
 	}
 	var d libvirtxml.Domain
-	if err := d.Unmarshal(b.String()); err != nil {
+	if err := d.Unmarshal(string(b.Bytes())); err != nil {
 		return "", "", fmt.Errorf("checking rendered domain template: it is not a libvirt domain document: %w", err)
 	}
 	if err := checkTemplateDomain(&d, p); err != nil {

@@ -1,8 +1,10 @@
 package libvirt
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"libvirt.org/go/libvirtxml"
 )
@@ -239,5 +241,39 @@ func TestTemplateMetadataIsAbox(t *testing.T) {
 	}
 	if strings.Contains(out, "/tmp/fake") || !strings.Contains(out, `dir="/var/lib/abox/instances/dev"`) {
 		t.Errorf("metadata not replaced by abox's:\n%s", out)
+	}
+}
+
+// TestTemplateWorkIsBounded: a template's work grows no faster than its
+// text. Templates calling each other (twenty times a level: a 2 KiB
+// template rendered 16 MB, one level more 320 MB), ranging over a number
+// (nested, it never ends) and printf widths are refused or cut off at
+// MaxRenderedBytes, with a message naming why; {{if}} and {{with}} stay.
+func TestTemplateWorkIsBounded(t *testing.T) {
+	laughs := `{{define "a"}}` + strings.Repeat("x", 100) + `{{end}}`
+	prev := "a"
+	for _, n := range []string{"b", "c", "d", "e", "f"} {
+		laughs += `{{define "` + n + `"}}` + strings.Repeat(`{{template "`+prev+`"}}`, 20) + `{{end}}`
+		prev = n
+	}
+	in := func(s string) string {
+		return strings.Replace(goodTemplate, "<vcpu>", "<description>"+s+"</description><vcpu>", 1)
+	}
+	for _, tc := range []struct{ name, tmpl, wantErr string }{
+		{"templates calling templates", laughs + in(`{{template "f"}}`), "{{define}} and {{block}} are not allowed"},
+		{"block", in(`{{block "x" .}}{{.Name}}{{end}}`), "{{define}} and {{block}} are not allowed"},
+		{"range over a number", in(`{{range 1000000}}{{range 1000000}}{{end}}{{end}}`), "{{range}} is not allowed"},
+		{"range inside if", in(`{{if .Name}}{{range 10}}x{{end}}{{end}}`), "{{range}} is not allowed"},
+		{"printf widths", in(strings.Repeat(`{{printf "%999999d" 1}}`, 3)), fmt.Sprintf("larger than %d bytes", MaxRenderedBytes)},
+		{"if and with", in(`{{if .Kernel}}k{{else}}{{with .Name}}{{.}}{{end}}{{end}}`), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			_, _, err := RenderTemplate(tc.tmpl, testParams())
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("err = %v, want %q", err, tc.wantErr)
+			}
+			t.Logf("%v", time.Since(start))
+		})
 	}
 }
