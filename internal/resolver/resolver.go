@@ -37,6 +37,9 @@ const (
 	DefaultEntries  = 10000
 	DefaultMaxBytes = 16 << 20
 	DefaultTimeout  = 5 * time.Second
+	// DefaultMaxInflight bounds the upstream exchanges in flight: the DNS
+	// filter's own bound (256) plus as many for the proxy's lookups.
+	DefaultMaxInflight = 512
 )
 
 // Config configures a Resolver.
@@ -52,6 +55,12 @@ type Config struct {
 	MaxBytes int
 	// Timeout bounds one upstream exchange shared by merged callers.
 	Timeout time.Duration
+	// MaxInflight bounds the exchanges with the upstream in flight (0:
+	// DefaultMaxInflight); past it a query fails at once (ErrOverloaded)
+	// instead of holding a socket and a goroutine for up to Timeout. The
+	// proxy's lookups have no other bound than the guest's budget, which
+	// over a dead upstream is thousands of exchanges at once.
+	MaxInflight int
 	// Budget, when set, is charged one query for every LookupNetIP that
 	// must go upstream, on behalf of the guest egress.ClientOf(ctx) names:
 	// the same per-client bucket the DNS filter charges for the guest's own
@@ -75,6 +84,7 @@ type Resolver struct {
 	timeout        time.Duration
 	now            func() time.Time
 	budget         *budget.Limiter // nil: lookups are not charged
+	inflight       chan struct{}   // a slot per upstream exchange in flight
 	panics         *contain.Reporter
 
 	mu       sync.Mutex
@@ -88,7 +98,7 @@ type Resolver struct {
 	addrs map[string]addrEntry
 
 	flight singleflight.Group
-	st     struct{ hits, misses, merged, errors, evicted, limited atomic.Uint64 }
+	st     struct{ hits, misses, merged, errors, evicted, limited, overloaded atomic.Uint64 }
 }
 
 type addrEntry struct {
@@ -141,6 +151,11 @@ func New(cfg Config) (*Resolver, error) {
 	if r.timeout <= 0 {
 		r.timeout = DefaultTimeout
 	}
+	n := cfg.MaxInflight
+	if n <= 0 {
+		n = DefaultMaxInflight
+	}
+	r.inflight = make(chan struct{}, n)
 	if r.now == nil {
 		r.now = time.Now
 	}
@@ -162,8 +177,10 @@ type Stats struct {
 	Evicted uint64 `json:"evicted"`
 	// Limited counts lookups refused because the guest was over budget.
 	Limited uint64 `json:"limited"`
-	Entries int    `json:"entries"`
-	Bytes   int    `json:"bytes"`
+	// Overloaded counts queries refused at MaxInflight.
+	Overloaded uint64 `json:"overloaded"`
+	Entries    int    `json:"entries"`
+	Bytes      int    `json:"bytes"`
 }
 
 // Stats returns the counters.
@@ -172,7 +189,7 @@ func (r *Resolver) Stats() Stats {
 	n, b := len(r.entries), r.bytes
 	r.mu.Unlock()
 	return Stats{Hits: r.st.hits.Load(), Misses: r.st.misses.Load(), Merged: r.st.merged.Load(),
-		Errors: r.st.errors.Load(), Evicted: r.st.evicted.Load(), Limited: r.st.limited.Load(), Entries: n, Bytes: b}
+		Errors: r.st.errors.Load(), Evicted: r.st.evicted.Load(), Limited: r.st.limited.Load(), Overloaded: r.st.overloaded.Load(), Entries: n, Bytes: b}
 }
 
 // LookupNetIP resolves host (A and AAAA) through the cache. The addresses
@@ -244,7 +261,7 @@ func (r *Resolver) putAddrs(name string, addrs []netip.Addr) {
 func (r *Resolver) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, time.Duration, error) {
 	k, ok := keyOf(m)
 	if !ok {
-		return r.up.Exchange(ctx, m)
+		return r.exchangeUp(ctx, m)
 	}
 	now := r.now()
 	if out := r.get(k, m.Id, now); out != nil {
@@ -268,7 +285,7 @@ func (r *Resolver) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, time.Dur
 		// for the others.
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.timeout)
 		defer cancel()
-		resp, rtt, err := r.up.Exchange(uctx, m)
+		resp, rtt, err := r.exchangeUp(uctx, m)
 		if err != nil {
 			r.st.errors.Add(1)
 			return nil, err
@@ -291,6 +308,21 @@ func (r *Resolver) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, time.Dur
 		out.Id = m.Id
 		return out, v.rtt, nil
 	}
+}
+
+// ErrOverloaded: MaxInflight exchanges with the upstream were in flight.
+var ErrOverloaded = errors.New("too many upstream queries in flight")
+
+// exchangeUp sends m to the upstream in one of the MaxInflight slots.
+func (r *Resolver) exchangeUp(ctx context.Context, m *dns.Msg) (*dns.Msg, time.Duration, error) {
+	select {
+	case r.inflight <- struct{}{}:
+	default:
+		r.st.overloaded.Add(1)
+		return nil, 0, ErrOverloaded
+	}
+	defer func() { <-r.inflight }()
+	return r.up.Exchange(ctx, m)
 }
 
 // errPanic is the error of a fetch that panicked (reported to Config.Panics).

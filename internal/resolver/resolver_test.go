@@ -325,3 +325,66 @@ func TestFetchPanicIsAnError(t *testing.T) {
 		t.Fatalf("panics reported: %d, want 1 (one shared fetch)", rep.Count())
 	}
 }
+
+// gateUpstream answers every query once release is closed.
+type gateUpstream struct {
+	arrived chan struct{}
+	release chan struct{}
+}
+
+func (g gateUpstream) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, time.Duration, error) {
+	g.arrived <- struct{}{}
+	<-g.release
+	r := new(dns.Msg).SetReply(m)
+	rr, _ := dns.NewRR(m.Question[0].Name + " 60 IN A 93.184.215.14")
+	r.Answer = append(r.Answer, rr)
+	return r, time.Millisecond, nil
+}
+
+// TestInflightIsBounded: with MaxInflight exchanges waiting on a slow
+// upstream, further names fail at once (ErrOverloaded, counted) instead of
+// each holding a socket and a goroutine for the timeout; the waiting ones
+// are answered, and once they are, new names are asked again.
+func TestInflightIsBounded(t *testing.T) {
+	g := gateUpstream{arrived: make(chan struct{}, 16), release: make(chan struct{})}
+	r, err := resolver.New(resolver.Config{Upstream: g, MaxInflight: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func(name string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, _, err := r.Exchange(ctx, new(dns.Msg).SetQuestion(dns.Fqdn(name), dns.TypeA))
+		return err
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Int32
+	for i := range 4 {
+		wg.Go(func() {
+			if ask(fmt.Sprintf("slow%d.test", i)) != nil {
+				failed.Add(1)
+			}
+		})
+	}
+	for range 4 {
+		<-g.arrived // the four slots are taken
+	}
+	start := time.Now()
+	if err := ask("one-more.test"); !errors.Is(err, resolver.ErrOverloaded) {
+		t.Fatalf("a fifth name while four wait: %v, want ErrOverloaded", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("the refused lookup took %s", d)
+	}
+	if st := r.Stats(); st.Overloaded == 0 {
+		t.Fatalf("stats %+v: no overloaded query counted", st)
+	}
+	close(g.release)
+	wg.Wait()
+	if failed.Load() != 0 {
+		t.Fatalf("%d of the 4 waiting lookups failed", failed.Load())
+	}
+	if err := ask("later.test"); err != nil {
+		t.Fatalf("a lookup once the slots are free: %v", err)
+	}
+}
