@@ -15,38 +15,50 @@ import (
 // idleConn closes itself when no byte has moved in either direction for
 // idle. It replaces absolute deadlines: a download of any size or duration
 // lives as long as it keeps moving. Close runs onClose exactly once.
+//
+// Reads and writes only count bytes (no clock read per call): a timer looks
+// at the counts every idle/idleChecks, and the connection closes once they
+// have not changed for idle since the check that last saw them move. So a
+// connection closes after at least idle of silence and at most
+// idle*(1+1/idleChecks) plus the timer's own delay.
 type idleConn struct {
 	net.Conn
 	idle    time.Duration
-	last    atomic.Int64 // unix nanoseconds of the last byte read or written
 	timer   *time.Timer
 	once    sync.Once
 	onClose func()
 	rx, tx  atomic.Int64 // bytes read from and written to the peer
+	// The timer's own state (only check touches it).
+	seen  int64     // rx+tx at the last check
+	moved time.Time // when a check last saw the counts change
 }
 
+// idleChecks is how many times per idle period an idleConn looks at its
+// byte counts.
+const idleChecks = 4
+
 func newIdleConn(c net.Conn, idle time.Duration, onClose func()) *idleConn {
-	ic := &idleConn{Conn: c, idle: idle, onClose: onClose}
-	ic.last.Store(time.Now().UnixNano())
+	ic := &idleConn{Conn: c, idle: idle, onClose: onClose, moved: time.Now()}
 	if idle > 0 {
-		ic.timer = time.AfterFunc(idle, ic.check)
+		ic.timer = time.AfterFunc(idle/idleChecks, ic.check)
 	}
 	return ic
 }
 
 func (c *idleConn) check() {
-	quiet := time.Duration(time.Now().UnixNano() - c.last.Load())
-	if quiet >= c.idle {
+	now := time.Now()
+	if n := c.rx.Load() + c.tx.Load(); n != c.seen {
+		c.seen, c.moved = n, now
+	} else if now.Sub(c.moved) >= c.idle {
 		c.Close()
 		return
 	}
-	c.timer.Reset(c.idle - quiet)
+	c.timer.Reset(c.idle / idleChecks)
 }
 
 func (c *idleConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	if n > 0 {
-		c.last.Store(time.Now().UnixNano())
 		c.rx.Add(int64(n))
 	}
 	return n, err
@@ -55,7 +67,6 @@ func (c *idleConn) Read(b []byte) (int, error) {
 func (c *idleConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
 	if n > 0 {
-		c.last.Store(time.Now().UnixNano())
 		c.tx.Add(int64(n))
 	}
 	return n, err

@@ -9,6 +9,7 @@ import (
 	"net/textproto"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,9 +34,29 @@ func removeHopByHop(h http.Header) {
 			}
 		}
 	}
-	for _, k := range hopHeaders {
-		delete(h, k)
+	if len(h) > len(hopHeaders) {
+		for _, k := range hopHeaders {
+			delete(h, k)
+		}
+		return
 	}
+	// A small header (the usual one) is cheaper to walk than to probe
+	// for every hop-by-hop name.
+	for k := range h {
+		if isHopHeader(k) {
+			delete(h, k)
+		}
+	}
+}
+
+// isHopHeader reports whether k is one of hopHeaders.
+func isHopHeader(k string) bool {
+	switch k {
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	return false
 }
 
 // errStaleWrite and errStaleRead are exchanges that failed on a reused
@@ -134,11 +155,25 @@ var errUploadPanic = errors.New("writing the request body upstream: panic (see t
 
 func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request, st *fwdState, u *upConn) (abort bool, err error) {
 	// The guest going away (or a revocation closing its connection) ends
-	// the exchange at once, whatever the origin is doing.
-	stop := context.AfterFunc(ctx, u.closeF)
+	// the exchange at once, whatever the origin is doing: through the
+	// watch of the guest's HTTP/1 connection, else a watch of its own.
+	var stop func() bool
+	xw := exchangeWatchOf(w)
+	if xw == nil {
+		stop = context.AfterFunc(ctx, u.closeF)
+	} else if !xw.begin(u) {
+		u.close()
+		return false, ctx.Err()
+	}
 	reuse := false
 	defer func() {
-		if stop() && reuse {
+		var untouched bool
+		if xw != nil {
+			untouched = xw.end(u)
+		} else {
+			untouched = stop()
+		}
+		if untouched && reuse {
 			p.pool.put(u)
 		} else {
 			u.close()
@@ -269,6 +304,48 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		}
 	}
 	return false, nil
+}
+
+// exchangeWatch closes the upstream connection of the exchange in flight on
+// one guest HTTP/1 connection when that connection's context ends (the
+// guest left, a revocation closed its connection, shutdown). serveH1
+// registers it once per connection with context.AfterFunc, where each
+// exchange would otherwise register (and allocate) a callback of its own.
+type exchangeWatch struct {
+	done atomic.Bool
+	cur  atomic.Pointer[upConn]
+}
+
+// fire runs when the context ends.
+func (x *exchangeWatch) fire() {
+	x.done.Store(true)
+	if u := x.cur.Swap(nil); u != nil {
+		u.close()
+	}
+}
+
+// begin makes u the connection to close; false when the context has
+// already ended (the caller closes u).
+func (x *exchangeWatch) begin(u *upConn) bool {
+	x.cur.Store(u)
+	if x.done.Load() {
+		x.cur.CompareAndSwap(u, nil)
+		return false
+	}
+	return true
+}
+
+// end reports whether the context left u alone while it was current (as
+// the stop function context.AfterFunc returns).
+func (x *exchangeWatch) end(u *upConn) bool { return x.cur.CompareAndSwap(u, nil) }
+
+// exchangeWatchOf returns the watch of the HTTP/1 guest connection w
+// answers on, nil for any other (HTTP/2 inside a tunnel).
+func exchangeWatchOf(w *countingWriter) *exchangeWatch {
+	if hw, ok := w.ResponseWriter.(*h1Response); ok {
+		return &hw.hc.watch
+	}
+	return nil
 }
 
 // upload is the state exchange shares with the goroutine writing a request

@@ -67,6 +67,7 @@ type h1Conn struct {
 	hdr     hdrClock
 	w       h1Response // reused by every request
 	body    *h1Body    // the current request's body, nil without one
+	watch   exchangeWatch
 }
 
 // guestConn is the guest's connection as revocation sees it: closing it
@@ -112,8 +113,10 @@ func (p *Proxy) serveH1(ctx context.Context, c net.Conn, h func(http.ResponseWri
 		return
 	}
 	hc.hdr.start(c, p.cfg.HandshakeTimeout)
+	stopWatch := context.AfterFunc(ctx, hc.watch.fire)
 	hijacked := false
 	defer func() {
+		stopWatch()
 		hc.hdr.stop()
 		p.removeH1(hc)
 		if hijacked {
