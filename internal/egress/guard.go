@@ -98,14 +98,25 @@ func (g *Guard) Check(ctx context.Context, t Target) (*Checked, *Refusal) {
 	if len(addrs) == 0 {
 		return nil, &Refusal{Reason: ReasonNoAddress}
 	}
-	out := make([]netip.Addr, 0, len(addrs))
 	for _, a := range addrs {
 		if c := g.Policy.Check(a); !netclass.Allowed(c) {
 			return nil, &Refusal{Reason: string(c), Class: c, Addr: a}
 		}
+	}
+	// One allocation for the usual answer (an A and an AAAA record).
+	cs := &struct {
+		Checked
+		inline [2]netip.Addr
+	}{Checked: Checked{Target: t}}
+	out := cs.inline[:0]
+	if len(addrs) > len(cs.inline) {
+		out = make([]netip.Addr, 0, len(addrs))
+	}
+	for _, a := range addrs {
 		out = append(out, a.WithZone("").Unmap())
 	}
-	return &Checked{Target: t, Addrs: out}, nil
+	cs.Addrs = out
+	return &cs.Checked, nil
 }
 
 // Recheck classifies the addresses of an earlier Check again without a

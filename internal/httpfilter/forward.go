@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -39,8 +40,13 @@ type fwdState struct {
 	scheme      string
 	defaultPort uint16
 	rec         *record
-	sent        atomic.Int64   // request body bytes sent upstream
-	cw          countingWriter // the guest's answer (one allocation with the state)
+	sent        atomic.Int64 // request body bytes sent upstream
+	// One allocation with the state: the guest's answer, the request sent
+	// upstream and its URL, the hold on the target.
+	cw     countingWriter
+	out    http.Request
+	outURL url.URL
+	use    liveUse
 }
 
 // ServeHTTP handles the guest's connection to the proxy: absolute-form
@@ -192,7 +198,8 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record
 	// the tunnel itself is held.)
 	var use *liveUse
 	if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
-		use = p.hold(t)
+		use = &st.use
+		p.holdAs(use, t)
 		defer p.unhold(use)
 		if !use.attach(c) {
 			// The policy changed while this request was being decided.

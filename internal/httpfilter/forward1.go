@@ -4,14 +4,15 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/textproto"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
@@ -70,6 +71,9 @@ var (
 	// errGuestBodyCut: the guest's request body broke (cut, bad chunking)
 	// before the origin's answer was read.
 	errGuestBodyCut = errors.New("the guest's request body was cut before the origin answered")
+	// errResponseHeaderTimeout: no response header within
+	// ResponseHeaderTimeout of the request's end (a timeout: 504).
+	errResponseHeaderTimeout = fmt.Errorf("reading upstream response header: %w", os.ErrDeadlineExceeded)
 )
 
 func retryable(err error, r *http.Request) bool {
@@ -213,7 +217,7 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 			if err == nil {
 				up.mu.Lock()
 				if !up.hdrDone {
-					u.c.SetReadDeadline(time.Now().Add(p.cfg.ResponseHeaderTimeout))
+					u.hdr.begin()
 				}
 				up.mu.Unlock()
 			} else if cb, ok := out.Body.(*countingBody); ok && cb.broken.Load() {
@@ -231,7 +235,7 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		if err != nil {
 			return false, errStaleWrite
 		}
-		u.c.SetReadDeadline(time.Now().Add(p.cfg.ResponseHeaderTimeout))
+		u.hdr.begin()
 	}
 
 	u.lim.limited, u.lim.n = true, upMaxResponseHeader
@@ -253,10 +257,10 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 	if up != nil {
 		up.mu.Lock()
 		up.hdrDone = true
-		u.c.SetReadDeadline(time.Time{})
+		u.hdr.end()
 		up.mu.Unlock()
 	} else {
-		u.c.SetReadDeadline(time.Time{})
+		u.hdr.end()
 	}
 	if cb, ok := out.Body.(*countingBody); ok && cb.broken.Load() {
 		// The guest cut its body: the upload closed this connection, and
@@ -268,6 +272,9 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 	if err != nil {
 		if ctx.Err() != nil {
 			return false, ctx.Err()
+		}
+		if u.hdr.expired.Load() {
+			return false, errResponseHeaderTimeout
 		}
 		if u.lim.read == 0 && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err)) {
 			return false, errStaleRead
@@ -512,7 +519,8 @@ func isEventStream(h http.Header) bool {
 func (p *Proxy) outbound(r *http.Request, st *fwdState) *http.Request {
 	t := st.checked.Target
 	auth := t.Authority()
-	u := *r.URL
+	u := &st.outURL
+	*u = *r.URL
 	u.Scheme, u.Host, u.User = st.scheme, auth, nil
 	h := r.Header
 	keepTE := httpguts.HeaderValuesContainsToken(h["Te"], "trailers")
@@ -526,9 +534,10 @@ func (p *Proxy) outbound(r *http.Request, st *fwdState) *http.Request {
 	if _, ok := h["User-Agent"]; !ok {
 		h["User-Agent"] = []string{""}
 	}
-	out := &http.Request{
+	out := &st.out
+	*out = http.Request{
 		Method:        r.Method,
-		URL:           &u,
+		URL:           u,
 		Proto:         "HTTP/1.1",
 		ProtoMajor:    1,
 		ProtoMinor:    1,

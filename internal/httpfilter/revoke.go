@@ -70,7 +70,14 @@ type liveSet struct {
 // a use the policy in force no longer allows starts revoked. The order
 // matters: registered first, any later change finds it.
 func (p *Proxy) hold(t egress.Target) *liveUse {
-	u := &liveUse{t: t}
+	u := new(liveUse)
+	p.holdAs(u, t)
+	return u
+}
+
+// holdAs is hold with the caller's (zero) liveUse.
+func (p *Proxy) holdAs(u *liveUse, t egress.Target) {
+	u.t = t
 	p.live.mu.Lock()
 	if p.live.m == nil {
 		p.live.m = map[*liveUse]struct{}{}
@@ -80,7 +87,6 @@ func (p *Proxy) hold(t egress.Target) *liveUse {
 	if !p.stillAllowed(t) {
 		u.revoke()
 	}
-	return u
 }
 
 // unhold ends a use hold registered.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/textproto"
@@ -409,38 +410,58 @@ func (w *h1Response) finish() bool {
 	return keep && w.werr == nil
 }
 
-// hdrClock bounds reading one request header (HandshakeTimeout) without a
-// deadline change per request: begin and end only store a time, and one
-// timer per connection looks at it.
+// hdrClock bounds a wait for a header (the guest's request header,
+// HandshakeTimeout; an origin's response header, ResponseHeaderTimeout)
+// without a deadline change per request: begin and end only store a time,
+// and one timer per connection looks at it. A wait that runs past the
+// bound closes the connection, so the read in progress fails, and marks
+// the clock expired.
 type hdrClock struct {
-	since atomic.Int64 // unix nanoseconds when the header started; 0 between headers
-	d     time.Duration
-	c     net.Conn
-	t     *time.Timer
+	since   atomic.Int64 // unix nanoseconds when the wait started; 0 between waits
+	stopped atomic.Bool
+	expired atomic.Bool
+	d       time.Duration
+	c       net.Conn
+	t       atomic.Pointer[time.Timer] // set once; its callback may run before start returns
 }
 
 func (k *hdrClock) start(c net.Conn, d time.Duration) {
 	k.c, k.d = c, d
-	k.t = time.AfterFunc(d, k.check)
+	// Armed only once stored, so that check always finds it.
+	t := time.AfterFunc(math.MaxInt64, k.check)
+	k.t.Store(t)
+	t.Reset(d)
 }
 
 func (k *hdrClock) check() {
+	if k.stopped.Load() {
+		return // a Reset now would keep a closed connection's timer alive
+	}
+	t := k.t.Load()
 	s := k.since.Load()
 	if s == 0 {
-		k.t.Reset(k.d)
+		t.Reset(k.d)
 		return
 	}
 	late := time.Duration(time.Now().UnixNano() - s)
 	if late >= k.d {
+		k.expired.Store(true)
 		k.c.Close()
 		return
 	}
-	k.t.Reset(k.d - late)
+	t.Reset(k.d - late)
 }
 
 func (k *hdrClock) begin() { k.since.Store(time.Now().UnixNano()) }
 func (k *hdrClock) end()   { k.since.Store(0) }
-func (k *hdrClock) stop()  { k.t.Stop() }
+
+func (k *hdrClock) stop() {
+	if !k.stopped.Swap(true) {
+		if t := k.t.Load(); t != nil {
+			t.Stop()
+		}
+	}
+}
 
 // httpDate is the Date field, formatted once per second.
 func httpDate() string {

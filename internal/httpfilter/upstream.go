@@ -66,6 +66,7 @@ type upConn struct {
 	bw     *bufio.Writer
 	pooled bool      // it can be put back (its key is a real address)
 	idleAt time.Time // when it was put back
+	hdr    hdrClock  // ResponseHeaderTimeout of the exchange in flight
 
 	// For alive's peek, set once at dial: the raw socket (nil when it has
 	// none), the callback and its result.
@@ -77,7 +78,10 @@ type upConn struct {
 	peekDead bool
 }
 
-func (u *upConn) close() { u.c.Close() }
+func (u *upConn) close() {
+	u.c.Close()
+	u.hdr.stop()
+}
 
 // limitReader refuses to read more than n bytes while limited; the header
 // phase of a response is limited, its body is not.
@@ -397,6 +401,7 @@ func (p *Proxy) dialUpstreamConn(ctx context.Context, st *fwdState) (*upConn, *h
 		}
 		u.c = tc
 	}
+	u.hdr.start(raw, p.cfg.ResponseHeaderTimeout)
 	u.lim.r = u.c
 	u.br = bufio.NewReaderSize(&u.lim, upReadBuf)
 	u.bw = bufio.NewWriterSize(u.c, upWriteBuf)
