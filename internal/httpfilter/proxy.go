@@ -166,6 +166,14 @@ const (
 	ReasonHTTPSInAbsolute = "https_needs_connect"
 )
 
+// h2UploadWindow is the flow-control window the guest's intercepted HTTP/2
+// connections get, per connection and per stream: what a guest can make the
+// proxy hold of request bodies nobody reads yet (an origin that reads
+// slowly). x/net's default, 1 MiB, is a GiB over the connection limit; a
+// quarter of it still fills a link whose round trip is a millisecond at
+// 250 MB/s.
+const h2UploadWindow = 256 << 10
+
 // New validates cfg and builds a proxy; nothing is served until Serve.
 func New(cfg Config) (*Proxy, error) {
 	if cfg.Listener == nil {
@@ -272,7 +280,8 @@ func New(cfg Config) (*Proxy, error) {
 		ErrorLog:      log.New(io.Discard, "", 0),
 		BufferPool:    bufferPool{},
 	}
-	p.h2 = &http2.Server{IdleTimeout: cfg.IdleTimeout, MaxConcurrentStreams: 250}
+	p.h2 = &http2.Server{IdleTimeout: cfg.IdleTimeout, MaxConcurrentStreams: 250,
+		MaxUploadBufferPerConnection: h2UploadWindow, MaxUploadBufferPerStream: h2UploadWindow}
 	p.inner = &http.Server{
 		ReadHeaderTimeout: cfg.HandshakeTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
