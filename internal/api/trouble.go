@@ -2,12 +2,15 @@ package api
 
 import (
 	"encoding/json"
+	"fmt"
 	"sort"
 )
 
 // Trouble lists what the filters report wrong while they keep enforcing:
 // an allowlist change in force but not written to disk, a decision log
-// that cannot be written. `abox status` and `abox doctor` both show it.
+// that cannot be written, panics contained (each ended one connection or
+// query, a bug some input reaches). `abox status` and `abox doctor` both
+// show it.
 func (s Status) Trouble() []string {
 	var out []string
 	if s.Allowlist.Unsaved != "" {
@@ -22,8 +25,23 @@ func (s Status) Trouble() []string {
 		if msg := LogTrouble(s.Components[n]); msg != "" {
 			out = append(out, n+" decision log cannot be written: "+msg)
 		}
+		if p := panics(s.Components[n]); p > 0 {
+			out = append(out, fmt.Sprintf("%s filter contained %d panics (each ended one connection or query; \"panic contained\" lines with their stacks are in the daemon's log)", n, p))
+		}
 	}
 	return out
+}
+
+// panics is the "panics" counter of a filter's stats, 0 without one.
+func panics(stats any) uint64 {
+	var m struct {
+		Panics uint64 `json:"panics"`
+	}
+	b, err := json.Marshal(stats)
+	if err != nil || json.Unmarshal(b, &m) != nil {
+		return 0
+	}
+	return m.Panics
 }
 
 // LogTrouble is the decision log's last write error in a filter's

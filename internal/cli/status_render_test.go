@@ -36,7 +36,7 @@ type troubledComp struct{ name string }
 func (c troubledComp) Name() string { return c.name }
 func (c troubledComp) Stats() any {
 	if c.name == "dns" {
-		return map[string]any{"queries": 1, "log_error": "write dns.log: no space left on device"}
+		return map[string]any{"queries": 1, "log_error": "write dns.log: no space left on device", "panics": 2}
 	}
 	return map[string]any{"requests": 1, "log": map[string]any{"last_error": "write http.log: no space left on device"}}
 }
@@ -66,10 +66,13 @@ func TestInstanceStatusWarnsOfLogTrouble(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 	e := &env{layout: func() (paths.Layout, error) { return l, nil }}
 	got := strings.Join(e.filterTrouble(context.Background(), "dev"), "\n")
-	for _, want := range []string{"dns decision log cannot be written: write dns.log: no space", "http decision log cannot be written: write http.log: no space"} {
+	for _, want := range []string{"dns decision log cannot be written: write dns.log: no space", "http decision log cannot be written: write http.log: no space", "dns filter contained 2 panics"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("warnings %q lack %q", got, want)
 		}
+	}
+	if strings.Contains(got, "http filter contained") {
+		t.Errorf("warnings %q name panics of a filter that had none", got)
 	}
 	if w := e.filterTrouble(context.Background(), "absent"); len(w) != 0 {
 		t.Errorf("warnings for an instance whose filters do not answer: %v", w)
