@@ -34,14 +34,63 @@ var linePool = sync.Pool{New: func() any { return &Line{buf: make([]byte, 0, 512
 // RFC 3339 with nanoseconds, as slog writes it.
 func NewLine(t time.Time, level slog.Level, msg string) *Line {
 	l := linePool.Get().(*Line)
-	b := append(l.buf[:0], `{"time":"`...)
-	b = appendTime(b, t)
-	b = append(b, `","level":`...)
-	b = appendString(b, level.String())
-	b = append(b, `,"msg":`...)
-	l.buf = appendString(b, msg)
+	l.buf = appendHead(l.buf[:0], t, level, msg)
 	return l
 }
+
+// appendHead appends the start of a line, {"time":t,"level":level,"msg":msg.
+func appendHead(b []byte, t time.Time, level slog.Level, msg string) []byte {
+	b = append(b, `{"time":"`...)
+	b = appendTime(b, t)
+	b = append(b, `","level":`...)
+	if level == slog.LevelInfo {
+		b = append(b, `"INFO"`...)
+	} else {
+		b = appendString(b, level.String())
+	}
+	b = append(b, `,"msg":`...)
+	return appendString(b, msg)
+}
+
+// Batch gathers the lines of a run of decisions made together (the
+// datagrams of one read) so that they are queued together, with one lock
+// and at most one wake-up of the writer for them all. Each line is whole
+// and written as Writer.Emit would write it. A Batch is not safe for
+// concurrent use; its zero value is empty.
+type Batch struct {
+	l Line // buf: the finished lines, then the one being built
+	// kept is a copy of the finished lines that go to Kept (all but
+	// allowed decisions), in order.
+	kept []byte
+	// done is the end of the last finished line: a line started and not
+	// finished is never queued.
+	done, n int
+}
+
+// NewLine starts a line at the end of b, as NewLine does. Its fields are
+// added to the returned Line, which Done or DoneAllowed finishes; the Line
+// must not be used after that.
+func (b *Batch) NewLine(t time.Time, level slog.Level, msg string) *Line {
+	b.l.buf = appendHead(b.l.buf[:b.done], t, level, msg)
+	return &b.l
+}
+
+// Done finishes the line NewLine started, for every sink (as Emit).
+func (b *Batch) Done() {
+	start := b.done
+	b.DoneAllowed()
+	b.kept = append(b.kept, b.l.buf[start:b.done]...)
+}
+
+// DoneAllowed finishes the line NewLine started, the line of an allowed
+// decision: for Sinks only (as EmitAllowed).
+func (b *Batch) DoneAllowed() {
+	b.l.buf = append(b.l.buf, '}', '\n')
+	b.done, b.n = len(b.l.buf), b.n+1
+}
+
+// Len is the number of finished lines in b.
+func (b *Batch) Len() int { return b.n }
 
 // stamp is the formatted second of a time: lines come thousands a second,
 // and but for the fraction the time of each is written the same.

@@ -174,16 +174,33 @@ func New(cfg Config) *Writer {
 // Kept ones included, and recycles it. It waits at most MaxWait; see
 // Writer.
 func (w *Writer) Emit(l *Line) {
-	w.enqueue(l.finish(), false)
+	b := l.finish()
+	w.enqueue(b, b, 1)
 	l.Free()
 }
 
 // EmitAllowed is Emit for the line of an allowed decision: it goes to
 // Sinks only, not to Kept.
 func (w *Writer) EmitAllowed(l *Line) {
-	w.enqueue(l.finish(), true)
+	w.enqueue(l.finish(), nil, 1)
 	l.Free()
 }
+
+// EmitBatch queues the finished lines of b, in order, as Emit and
+// EmitAllowed would queue them one by one (a full queue drops them all,
+// counted line by line), and empties b.
+func (w *Writer) EmitBatch(b *Batch) {
+	if b.n > 0 {
+		w.enqueue(b.l.buf[:b.done], b.kept, b.n)
+	}
+	b.l.buf, b.kept, b.done, b.n = b.l.buf[:0], b.kept[:0], 0, 0
+	if cap(b.l.buf) > maxBatchBuf || cap(b.kept) > maxBatchBuf {
+		b.l.buf, b.kept = nil, nil // a batch of long lines (error texts); do not keep it
+	}
+}
+
+// maxBatchBuf bounds the storage a Batch keeps from one use to the next.
+const maxBatchBuf = 64 << 10
 
 // EmitRefusal is Emit for the line of a refused request or query from
 // client (its address; the zero Addr when unknown): within the client's budget it is
@@ -213,29 +230,29 @@ func (w *Writer) AdmitRefusal(client netip.Addr, reason string) bool {
 // Write queues p, which must be whole lines ending in a newline. It never
 // fails: a line that cannot be queued is counted as dropped.
 func (w *Writer) Write(p []byte) (int, error) {
-	w.enqueue(p, false)
+	w.enqueue(p, p, 1)
 	return len(p), nil
 }
 
-// enqueue queues p for Sinks, and for Kept unless it is an allowed
-// decision (allowed). The bound counts pending, of which keptPending is a
-// part.
-func (w *Writer) enqueue(p []byte, allowed bool) {
+// enqueue queues p, n whole lines, for Sinks, and kept, those of them
+// that are not allowed decisions, for Kept. The bound counts pending, of
+// which keptPending is a part.
+func (w *Writer) enqueue(p, kept []byte, n int) {
 	w.mu.Lock()
 	if w.full(p) && !w.waitRoom(p) {
-		w.unreported++
+		w.unreported += uint64(n)
 		w.mu.Unlock()
-		w.dropped.Add(1)
+		w.dropped.Add(uint64(n))
 		return
 	}
 	first := len(w.pending) == 0
 	w.pending = append(w.pending, p...)
-	if !allowed && len(w.kept) > 0 {
-		w.keptPending = append(w.keptPending, p...)
+	if len(kept) > 0 && len(w.kept) > 0 {
+		w.keptPending = append(w.keptPending, kept...)
 	}
 	half := len(w.pending) >= w.maxBytes/2
 	w.mu.Unlock()
-	w.lines.Add(1)
+	w.lines.Add(uint64(n))
 	if first || half {
 		w.wake()
 	}
@@ -335,7 +352,7 @@ func (w *Writer) run() {
 		select {
 		case <-floodTick:
 			for _, l := range w.flood.summaries(w.now()) {
-				w.enqueue(l, false)
+				w.enqueue(l, l, 1)
 			}
 			continue
 		case <-w.kick:

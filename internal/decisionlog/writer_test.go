@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -287,5 +288,86 @@ func BenchmarkEmit(b *testing.B) {
 	b.StopTimer()
 	if st := w.Stats(); st.Dropped != 0 {
 		b.Logf("%d of %d lines dropped", st.Dropped, st.Lines+st.Dropped)
+	}
+}
+
+// TestBatchLinesAsEmitted: lines queued through a Batch are byte for byte
+// the lines Emit and EmitAllowed write, in order, each counted, those of
+// allowed decisions to Sinks only; a line started and not finished is
+// never written; a full queue drops and counts a batch's lines one by one.
+func TestBatchLinesAsEmitted(t *testing.T) {
+	one, oneKept, batched, batchedKept := &sink{}, &sink{}, &sink{}, &sink{}
+	w1 := New(Config{Sinks: []io.Writer{one}, Kept: []io.Writer{oneKept}})
+	w2 := New(Config{Sinks: []io.Writer{batched}, Kept: []io.Writer{batchedKept}})
+	at := time.Date(2026, 12, 1, 23, 0, 0, 123400000, time.UTC)
+	fill := func(l *Line, i int) {
+		l.Addr("client", netip.MustParseAddr("10.10.10.2")).String("name", fmt.Sprintf("h%d.example\n", i)).Int("i", int64(i))
+	}
+	var b Batch
+	for i := range 5 {
+		level := slog.LevelInfo
+		if i == 3 {
+			level = slog.LevelWarn
+		}
+		l := NewLine(at, level, "dns")
+		fill(l, i)
+		fill(b.NewLine(at, level, "dns"), i)
+		if i%2 == 0 { // an allowed decision
+			w1.EmitAllowed(l)
+			b.DoneAllowed()
+		} else {
+			w1.Emit(l)
+			b.Done()
+		}
+	}
+	fill(b.NewLine(at, slog.LevelInfo, "dns"), 99) // never finished
+	if b.Len() != 5 {
+		t.Errorf("batch of %d lines, want 5", b.Len())
+	}
+	w2.EmitBatch(&b)
+	if b.Len() != 0 {
+		t.Errorf("batch holds %d lines after EmitBatch, want none", b.Len())
+	}
+	w1.Sync()
+	w2.Sync()
+	if one.b.String() != batched.b.String() {
+		t.Errorf("batched lines\n%s\nwant as emitted\n%s", batched.b.String(), one.b.String())
+	}
+	if got := len(batchedKept.lines(t)); oneKept.b.String() != batchedKept.b.String() || got != 2 {
+		t.Errorf("batched lines kept (%d)\n%s\nwant as emitted (2)\n%s", got, batchedKept.b.String(), oneKept.b.String())
+	}
+	if st := w2.Stats(); st.Lines != 5 {
+		t.Errorf("stats %+v, want 5 lines", st)
+	}
+	// Reused after EmitBatch: only the new lines.
+	fill(b.NewLine(at, slog.LevelInfo, "dns"), 5)
+	b.Done()
+	w2.EmitBatch(&b)
+	w2.Sync()
+	if got := len(batched.lines(t)); got != 6 {
+		t.Errorf("%d lines after a second batch, want 6", got)
+	}
+
+	// A stuck sink: the queue fills and a batch is dropped whole, each
+	// of its lines counted.
+	gate := make(chan struct{})
+	stuck := &sink{gate: gate}
+	w3 := New(Config{Sinks: []io.Writer{stuck}, MaxBytes: 1 << 10, MaxWait: time.Millisecond, Interval: time.Millisecond})
+	for range 40 {
+		for i := range 4 {
+			fill(b.NewLine(at, slog.LevelInfo, "dns"), i)
+			b.Done()
+		}
+		w3.EmitBatch(&b)
+	}
+	st := w3.Stats()
+	if st.Dropped == 0 || st.Dropped%4 != 0 || st.Lines+st.Dropped != 160 {
+		t.Errorf("stats %+v with a stuck sink, want whole batches of 4 dropped, lines + dropped = 160", st)
+	}
+	close(gate)
+	for _, w := range []*Writer{w1, w2, w3} {
+		if err := w.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
 	}
 }

@@ -28,10 +28,10 @@ var testScratch struct {
 }
 
 func (s *Server) answerDatagram(ctx context.Context, sq *scratchQuery, m []byte, client netip.Addr, dst []byte) []byte {
-	resp, wire, p := s.udpQuery(ctx, sq, m, false, client, dst)
+	resp, wire, p := s.udpQuery(ctx, sq, m, false, client, dst, nil)
 	if p != nil {
-		resp, _ = s.finish(ctx, p.req, p.p, p.d)
-		resp = s.conclude(p.client, "udp", p.req, resp, p.d)
+		resp, _ = s.finish(ctx, p.req, &p.p, p.d)
+		resp = s.conclude(p.client, "udp", p.req, resp, p.d, nil)
 	}
 	if resp != nil {
 		b, err := resp.PackBuffer(dst)
@@ -42,3 +42,6 @@ func (s *Server) answerDatagram(ctx context.Context, sq *scratchQuery, m []byte,
 	}
 	return wire
 }
+
+// ReaderYields is the number of times UDP readers yielded their P so far.
+func ReaderYields() uint64 { return readerYields.Load() }

@@ -84,42 +84,46 @@ func (s *Server) Handle(ctx context.Context, client netip.Addr, network string, 
 		return nil
 	}
 	s.st.queries.Add(1)
-	resp, d, p := s.decide(ctx, client, req)
-	if p != nil {
-		resp, d = s.finish(ctx, req, p, d)
+	var p pending
+	resp, d, allowed := s.decide(ctx, client, req, &p)
+	if allowed {
+		resp, d = s.finish(ctx, req, &p, d)
 	}
-	return s.conclude(client, network, req, d.policyAnswer(req, resp), d)
+	return s.conclude(client, network, req, d.policyAnswer(req, resp), d, nil)
 }
 
 // handleNow is Handle for the batched UDP path: a cached answer is packed
 // into dst when it fits as it is (wire), and a query whose answer must wait
-// on the upstream is returned pending instead of waited for.
-func (s *Server) handleNow(ctx context.Context, client netip.Addr, req *dns.Msg, dst []byte) (resp *dns.Msg, wire []byte, up *udpPending) {
+// on the upstream is returned pending instead of waited for. The decision
+// line goes to lb when it is not nil (see logDecision).
+func (s *Server) handleNow(ctx context.Context, client netip.Addr, req *dns.Msg, dst []byte, lb *decisionlog.Batch) (resp *dns.Msg, wire []byte, up *udpPending) {
 	if req.Response {
 		return nil, nil, nil
 	}
 	s.st.queries.Add(1)
-	resp, d, p := s.decide(ctx, client, req)
-	if p != nil && p.e == nil {
+	var p pending
+	resp, d, allowed := s.decide(ctx, client, req, &p)
+	if allowed && p.e == nil {
 		return nil, nil, &udpPending{req: req, client: client, d: d, p: p}
 	}
-	if p != nil {
+	if allowed {
 		if resp, wire, d = s.answer(req, p.opt, p.e, p.rule, d, dst); wire != nil {
-			s.logDecision(client, d)
+			s.logDecision(client, d, lb)
 			return nil, wire, nil
 		}
 	}
 	if d.policyBlock {
 		if wire, ok := blockedWire(dst, req, d.reason, d.rule); ok {
-			s.logDecision(client, d)
+			s.logDecision(client, d, lb)
 			return nil, wire, nil
 		}
 	}
-	return s.conclude(client, "udp", req, d.policyAnswer(req, resp), d), nil, nil
+	return s.conclude(client, "udp", req, d.policyAnswer(req, resp), d, lb), nil, nil
 }
 
-// conclude sets TC when resp does not fit the client and logs the decision.
-func (s *Server) conclude(client netip.Addr, network string, req, resp *dns.Msg, d decision) *dns.Msg {
+// conclude sets TC when resp does not fit the client and logs the decision
+// (into lb when it is not nil).
+func (s *Server) conclude(client netip.Addr, network string, req, resp *dns.Msg, d decision, lb *decisionlog.Batch) *dns.Msg {
 	if d.reason == ReasonRateLimited {
 		// decide logged it, sparingly.
 		return resp
@@ -127,7 +131,7 @@ func (s *Server) conclude(client netip.Addr, network string, req, resp *dns.Msg,
 	if resp.Truncated = resp.Truncated || !fit(resp, maxSize(req, network)); resp.Truncated {
 		s.st.truncated.Add(1)
 	}
-	s.logDecision(client, d)
+	s.logDecision(client, d, lb)
 	return resp
 }
 
@@ -141,10 +145,11 @@ type pending struct {
 	e     *entry
 }
 
-// decide runs the decision path. Every branch returns a complete response,
-// except an allowed query the cache cannot answer: that one is returned
-// pending, for finish.
-func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*dns.Msg, decision, *pending) {
+// decide runs the decision path. Every branch returns a complete response
+// (or leaves it to the caller, see policyBlock), except an allowed query:
+// that one is described in p, its cache entry or none, for answer or
+// finish, and decide reports allowed.
+func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg, p *pending) (_ *dns.Msg, _ decision, allowed bool) {
 	d := decision{at: s.now()}
 	if len(req.Question) == 1 {
 		d.name, d.qtype = strings.TrimSuffix(req.Question[0].Name, "."), req.Question[0].Qtype
@@ -157,12 +162,12 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 				s.log.LogAttrs(ctx, slog.LevelWarn, "dns rate limit exceeded; further refusals for this client are not logged for a while",
 					slog.String("client", client.String()), slog.String("reason", ReasonRateLimited))
 			}
-			return refusal(req, dns.RcodeRefused, dns.ExtendedErrorCodeProhibited, ReasonRateLimited), d, nil
+			return refusal(req, dns.RcodeRefused, dns.ExtendedErrorCodeProhibited, ReasonRateLimited), d, false
 		}
 	}
 	resp, d := s.checkQuery(req, d)
 	if resp != nil {
-		return resp, d, nil
+		return resp, d, false
 	}
 	n, q := d.name, req.Question[0]
 	pd := s.pol.DecideNormalized(n)
@@ -170,17 +175,17 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg) (*
 	if pd.Verdict != allowlist.Allow {
 		s.st.blocked.Add(1)
 		d.rcode, d.policyBlock = dns.RcodeNameError, true
-		return nil, d, nil
+		return nil, d, false
 	}
 
 	// Allowed: answered from the cache entry, or from the upstream.
 	opt, _ := queryOPT(req)
 	do := opt != nil && opt.Do()
-	p := &pending{name: n, qtype: q.Qtype, opt: opt, rule: pd.Rule}
+	*p = pending{name: n, qtype: q.Qtype, opt: opt, rule: pd.Rule}
 	if p.e = s.cached(cacheKey{name: n, qtype: q.Qtype, do: do}, d.at); p.e != nil {
 		d.cached = true
 	}
-	return nil, d, p
+	return nil, d, true
 }
 
 // checkQuery runs the protocol checks of req and names the query. It returns a
@@ -442,9 +447,11 @@ func (s *Server) healthcheck(req *dns.Msg) *dns.Msg {
 	return m
 }
 
-// logDecision writes the decision line. The fields and their order are
-// those the line had when slog wrote it; see docs/dns.md.
-func (s *Server) logDecision(client netip.Addr, d decision) {
+// logDecision writes the decision line, into lb when it is not nil (the
+// batched UDP path queues a read's lines together before sending its
+// answers). The fields and their order are those the line had when slog
+// wrote it; see docs/dns.md.
+func (s *Server) logDecision(client netip.Addr, d decision, lb *decisionlog.Batch) {
 	if s.dlog == nil {
 		return
 	}
@@ -457,17 +464,28 @@ func (s *Server) logDecision(client netip.Addr, d decision) {
 	if d.err != nil {
 		level = slog.LevelWarn
 	}
-	l := decisionlog.NewLine(d.at, level, "dns").Addr("client", client)
+	var l *decisionlog.Line
+	if lb != nil {
+		l = lb.NewLine(d.at, level, "dns")
+	} else {
+		l = decisionlog.NewLine(d.at, level, "dns")
+	}
+	l.Addr("client", client)
 	if e := d.hit; e != nil && d.cached && d.err == nil && d.class == "" && d.rtt == 0 {
 		l.Fields(e.decisionFields(d))
 	} else {
 		decisionFields(l, d)
 	}
-	if d.verdict == allowlist.Allow {
+	switch allowed := d.verdict == allowlist.Allow; {
+	case lb != nil && allowed:
+		lb.DoneAllowed() // not in the refusal stream; see docs/dns.md
+	case lb != nil:
+		lb.Done()
+	case allowed:
 		s.dlog.EmitAllowed(l) // not in the refusal stream; see docs/dns.md
-		return
+	default:
+		s.dlog.Emit(l)
 	}
-	s.dlog.Emit(l)
 }
 
 // decisionFields adds the fields of d's line after the client's address.

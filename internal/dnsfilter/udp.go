@@ -9,12 +9,15 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/miekg/dns"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
+
+	"github.com/abox-dev/abox/internal/decisionlog"
 )
 
 // Batched UDP serving. A socket bound to one address is read and written in
@@ -30,25 +33,30 @@ import (
 // answer leaves from the address its query was sent to.
 
 const (
-	// udpBatch is the number of datagrams one system call reads or writes.
-	udpBatch = 32
+	// udpBatchLen is the number of datagrams one system call reads or writes.
+	udpBatchLen = 32
 	// udpReadSize is the largest query read whole. A query is at most a
 	// question and an OPT record; a longer datagram is cut, flagged by the
 	// kernel, and answered FORMERR as malformed.
 	udpReadSize = 4096
 	// maxUDPReaders bounds the goroutines reading one socket.
 	maxUDPReaders = 4
+	// readerYield is how often a reader under load yields its P. A reader
+	// that finds a datagram queued at every read never reschedules, and
+	// after 10 ms on one time slice the runtime's monitor preempts it; it
+	// is in a system call most of that time (a read or send), and a P in
+	// a system call is taken from it and handed to another thread. Each
+	// such handoff costs the reader a thread switch when its call returns
+	// and puts the monitor back to waking every 20 µs for a while: more
+	// than a tenth of the CPU of a loaded filter went to that. Yielding
+	// first costs one pass through the scheduler every few milliseconds.
+	readerYield = 5 * time.Millisecond
 )
-
-// batchConn is the part of ipv4.PacketConn and ipv6.PacketConn used here.
-type batchConn interface {
-	ReadBatch(ms []ipv4.Message, flags int) (int, error)
-	WriteBatch(ms []ipv4.Message, flags int) (int, error)
-}
 
 // udpSocket is a socket served in batches.
 type udpSocket struct {
-	batchConn
+	// batch makes the batch of one reading goroutine, over its slots.
+	batch func(slots []udpSlot) udpBatch
 	// send sends one answer; any goroutine may call it.
 	send func(b []byte, to netip.AddrPort) error
 	// stop makes the readers' reads fail soon; close releases the socket
@@ -56,6 +64,29 @@ type udpSocket struct {
 	stop, close func()
 	// poller: the socket is served through Go's poller (not detached).
 	poller bool
+}
+
+// udpBatch reads and writes the datagrams of one reader's slots.
+type udpBatch interface {
+	// read waits for datagrams and reads as many as are queued, one per
+	// slot, at least one; it fills in their slots' n, cut and from, and
+	// empties the queue of answers.
+	read() (int, error)
+	// answer queues b, the answer to the datagram of slot i.
+	answer(i int, b []byte)
+	// queued is the number of answers queued since the last read.
+	queued() int
+	// write sends the queued answers from the k-th on in one call and
+	// returns how many went out; on an error the k-th did not.
+	write(k int) (int, error)
+}
+
+// udpSlot is one datagram of a batch, in and out.
+type udpSlot struct {
+	in, out []byte
+	n       int            // bytes of in read
+	cut     bool           // the datagram was longer than in
+	from    netip.AddrPort // the sender; invalid when not a UDP address
 }
 
 // batchable returns pc as a UDP socket to serve in batches: one bound to a
@@ -76,26 +107,67 @@ func batchable(pc net.PacketConn) (*udpSocket, bool) {
 		return nil, false
 	}
 	if runtime.GOMAXPROCS(0) >= 2 {
-		if u, err := detached(c, la); err == nil {
+		if u, err := detached(c); err == nil {
 			return u, true
 		}
 	}
+	var bc batchConn = ipv6.NewPacketConn(c)
+	if la.IP.To4() != nil {
+		bc = ipv4.NewPacketConn(c)
+	}
 	return &udpSocket{
-		batchConn: packetConn(c, la),
-		send:      func(b []byte, to netip.AddrPort) error { _, err := c.WriteToUDPAddrPort(b, to); return err },
-		stop:      func() { c.SetReadDeadline(time.Unix(1, 0)) },
-		close:     func() { c.Close() },
-		poller:    true,
+		batch:  func(slots []udpSlot) udpBatch { return newXnetBatch(bc, slots) },
+		send:   func(b []byte, to netip.AddrPort) error { _, err := c.WriteToUDPAddrPort(b, to); return err },
+		stop:   func() { c.SetReadDeadline(time.Unix(1, 0)) },
+		close:  func() { c.Close() },
+		poller: true,
 	}, true
 }
 
-// packetConn wraps c, bound to la, in x/net's PacketConn of la's family.
-func packetConn(c net.PacketConn, la *net.UDPAddr) batchConn {
-	if la.IP.To4() != nil {
-		return ipv4.NewPacketConn(c)
-	}
-	return ipv6.NewPacketConn(c)
+// batchConn is the part of ipv4.PacketConn and ipv6.PacketConn used here.
+type batchConn interface {
+	ReadBatch(ms []ipv4.Message, flags int) (int, error)
+	WriteBatch(ms []ipv4.Message, flags int) (int, error)
 }
+
+// xnetBatch is a batch read and written by x/net's PacketConn, on a socket
+// in Go's poller.
+type xnetBatch struct {
+	c       batchConn
+	slots   []udpSlot
+	in, out []ipv4.Message
+	bufs    [][]byte // the one-buffer lists of out, one per slot
+}
+
+func newXnetBatch(c batchConn, slots []udpSlot) *xnetBatch {
+	b := &xnetBatch{c: c, slots: slots, in: make([]ipv4.Message, len(slots)), out: make([]ipv4.Message, 0, len(slots)), bufs: make([][]byte, len(slots))}
+	for i := range slots {
+		b.in[i].Buffers = [][]byte{slots[i].in}
+	}
+	return b
+}
+
+func (b *xnetBatch) read() (int, error) {
+	b.out = b.out[:0]
+	n, err := b.c.ReadBatch(b.in, recvFlags)
+	for i := range max(n, 0) {
+		m, sl := &b.in[i], &b.slots[i]
+		sl.n, sl.cut, sl.from = m.N, m.Flags&syscall.MSG_TRUNC != 0, netip.AddrPort{}
+		if ua, ok := m.Addr.(*net.UDPAddr); ok {
+			sl.from = ua.AddrPort()
+		}
+	}
+	return n, err
+}
+
+func (b *xnetBatch) answer(i int, p []byte) {
+	b.bufs[i] = p
+	b.out = append(b.out, ipv4.Message{Buffers: b.bufs[i : i+1], Addr: b.in[i].Addr})
+}
+
+func (b *xnetBatch) queued() int { return len(b.out) }
+
+func (b *xnetBatch) write(k int) (int, error) { return b.c.WriteBatch(b.out[k:], 0) }
 
 // serveUDP answers the datagrams of u until ctx ends, then waits up to
 // five seconds for the queries still waiting on the upstream, and closes u.
@@ -131,13 +203,6 @@ func (s *Server) serveUDP(ctx context.Context, u *udpSocket) error {
 	return err
 }
 
-// udpSlot is one datagram of a batch, in and out; bufs is the one-buffer
-// list its answer is sent from.
-type udpSlot struct {
-	in, out []byte
-	bufs    [][]byte
-}
-
 // readUDPContained runs readUDP and runs it again after a panic: the
 // datagrams of the batch being answered get no answer (their clients
 // retransmit), the socket keeps its reader and the daemon keeps running.
@@ -162,20 +227,25 @@ func (s *Server) readUDPOnce(ctx context.Context, u *udpSocket, pending *sync.Wa
 // readUDP is one reading goroutine: read a batch, answer what can be
 // answered now, send those answers in one call, repeat.
 func (s *Server) readUDP(ctx context.Context, u *udpSocket, pending *sync.WaitGroup) error {
-	in := make([]ipv4.Message, udpBatch)
-	out := make([]ipv4.Message, 0, udpBatch)
-	slots := make([]udpSlot, udpBatch)
-	// Each datagram is parsed, decided and packed before the next: one
-	// scratch query serves them all.
-	var sq scratchQuery
-	for i := range in {
+	slots := make([]udpSlot, udpBatchLen)
+	for i := range slots {
 		slots[i].in = make([]byte, udpReadSize)
 		slots[i].out = make([]byte, 0, MaxUDPSize)
-		slots[i].bufs = make([][]byte, 1)
-		in[i].Buffers = [][]byte{slots[i].in}
 	}
+	bt := u.batch(slots)
+	// Each datagram is parsed, decided and packed before the next: one
+	// scratch query serves them all. Their decision lines are queued
+	// together, before their answers leave.
+	var sq scratchQuery
+	var lines decisionlog.Batch
+	lastYield := time.Now()
 	for {
-		n, err := u.ReadBatch(in, recvFlags)
+		if now := time.Now(); now.Sub(lastYield) >= readerYield {
+			readerYields.Add(1)
+			runtime.Gosched()
+			lastYield = now
+		}
+		n, err := bt.read()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -192,15 +262,13 @@ func (s *Server) readUDP(ctx context.Context, u *udpSocket, pending *sync.WaitGr
 			}
 			return err
 		}
-		out = out[:0]
 		for i := range n {
-			m := &in[i]
-			ua, ok := m.Addr.(*net.UDPAddr)
-			if !ok {
+			sl := &slots[i]
+			if !sl.from.IsValid() {
 				continue
 			}
-			from := ua.AddrPort()
-			resp, b, p := s.udpQuery(ctx, &sq, slots[i].in[:m.N], m.Flags&syscall.MSG_TRUNC != 0, from.Addr().Unmap(), slots[i].out)
+			from := sl.from
+			resp, b, p := s.udpQuery(ctx, &sq, sl.in[:sl.n], sl.cut, from.Addr().Unmap(), sl.out, &lines)
 			if p != nil {
 				pending.Add(1)
 				go func() {
@@ -216,30 +284,35 @@ func (s *Server) readUDP(ctx context.Context, u *udpSocket, pending *sync.WaitGr
 			}
 			if resp != nil {
 				var err error
-				if b, err = resp.PackBuffer(slots[i].out[:0]); err != nil {
+				if b, err = resp.PackBuffer(sl.out[:0]); err != nil {
 					s.st.writeErrors.Add(1)
 					continue
 				}
 			}
-			if b == nil {
+			if len(b) == 0 {
 				continue
 			}
-			slots[i].bufs[0] = b
-			out = append(out, ipv4.Message{Buffers: slots[i].bufs, Addr: m.Addr})
+			bt.answer(i, b)
 		}
-		s.sendUDP(u, out)
+		if lines.Len() > 0 {
+			s.dlog.EmitBatch(&lines)
+		}
+		s.sendUDP(bt)
 	}
 }
 
-// sendUDP sends the answers of one batch; a datagram the kernel refuses is
+// readerYields counts the yields of every reader (for tests).
+var readerYields atomic.Uint64
+
+// sendUDP sends the answers queued in bt; a datagram the kernel refuses is
 // counted and skipped.
-func (s *Server) sendUDP(bc batchConn, out []ipv4.Message) {
-	for len(out) > 0 {
-		n, err := bc.WriteBatch(out, 0)
+func (s *Server) sendUDP(bt udpBatch) {
+	for k, q := 0, bt.queued(); k < q; {
+		n, err := bt.write(k)
 		if errors.Is(err, syscall.EINTR) {
 			// A signal before anything was sent (a send with a timeout
 			// is not restarted): again.
-			out = out[max(n, 0):]
+			k += max(n, 0)
 			continue
 		}
 		if err != nil {
@@ -248,7 +321,7 @@ func (s *Server) sendUDP(bc batchConn, out []ipv4.Message) {
 			s.st.writeErrors.Add(1)
 			n = max(n, 1)
 		}
-		out = out[n:]
+		k += n
 	}
 }
 
@@ -257,13 +330,13 @@ type udpPending struct {
 	req    *dns.Msg
 	client netip.Addr
 	d      decision
-	p      *pending
+	p      pending
 }
 
 // finishUDP completes a query that went upstream and sends its answer.
 func (s *Server) finishUDP(ctx context.Context, u *udpSocket, to netip.AddrPort, up *udpPending) {
-	resp, d := s.finish(ctx, up.req, up.p, up.d)
-	resp = s.conclude(up.client, "udp", up.req, resp, d)
+	resp, d := s.finish(ctx, up.req, &up.p, up.d)
+	resp = s.conclude(up.client, "udp", up.req, resp, d, nil)
 	b, err := resp.Pack()
 	if err == nil {
 		err = u.send(b, to)
@@ -279,8 +352,9 @@ func (s *Server) finishUDP(ctx context.Context, u *udpSocket, to netip.AddrPort,
 // must wait on the upstream: then the pending query is returned. A plain
 // query is parsed into sq (see quickParse): a response returned must be
 // packed before sq's next use (a pending query is returned with a copy of
-// its own). Without sq, every query is unpacked by miekg/dns.
-func (s *Server) udpQuery(ctx context.Context, sq *scratchQuery, m []byte, cut bool, client netip.Addr, dst []byte) (*dns.Msg, []byte, *udpPending) {
+// its own). Without sq, every query is unpacked by miekg/dns. The decision
+// line goes to lb when it is not nil.
+func (s *Server) udpQuery(ctx context.Context, sq *scratchQuery, m []byte, cut bool, client netip.Addr, dst []byte, lb *decisionlog.Batch) (*dns.Msg, []byte, *udpPending) {
 	if len(m) < 12 {
 		s.invalid(m, dns.ErrShortRead)
 		return nil, nil, nil
@@ -295,7 +369,7 @@ func (s *Server) udpQuery(ctx context.Context, sq *scratchQuery, m []byte, cut b
 		return nil, nil, nil
 	}
 	if accept == dns.MsgAccept && !cut && sq != nil && sq.quickParse(m) {
-		resp, b, p := s.handleNow(ctx, client, &sq.msg, dst)
+		resp, b, p := s.handleNow(ctx, client, &sq.msg, dst, lb)
 		if p != nil {
 			p.own() // it outlives sq's next use
 		}
@@ -308,7 +382,7 @@ func (s *Server) udpQuery(ctx context.Context, sq *scratchQuery, m []byte, cut b
 			err = errCut
 		}
 		if err == nil {
-			return s.handleNow(ctx, client, req, dst)
+			return s.handleNow(ctx, client, req, dst, lb)
 		}
 		s.invalid(m, err)
 	} else { // rejected: the header alone

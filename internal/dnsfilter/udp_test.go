@@ -3,6 +3,7 @@ package dnsfilter_test
 import (
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -63,8 +64,19 @@ func burst(t *testing.T, c net.PacketConn, to net.Addr, qs []*dns.Msg) (map[uint
 // TestBatchedServing: many clients bursting at once, with queries of every
 // kind (blocked, allowed and cached, allowed and sent upstream, healthcheck,
 // malformed) in the same batches: every query is answered exactly once,
-// with its own ID and question, and the right rcode.
+// to the client that sent it, with its own ID and question, and the right
+// rcode. With one P the socket is served through Go's poller (x/net's
+// batches), with two it is detached (recvmmsg and sendmmsg of our own).
 func TestBatchedServing(t *testing.T) {
+	for _, procs := range []int{1, 2} {
+		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			testBatchedServing(t)
+		})
+	}
+}
+
+func testBatchedServing(t *testing.T) {
 	h := start(t, harnessOptions{})
 	h.ask(t, "example.com", dns.TypeA) // cached from here on
 	to, err := net.ResolveUDPAddr("udp", h.addr)
@@ -264,5 +276,58 @@ func TestManyQuestionsAnswerFits(t *testing.T) {
 					n, r.Id, dns.RcodeToString[r.Rcode], len(r.Question), dns.MinMsgSize)
 			}
 		})
+	}
+}
+
+// TestReaderYieldsUnderLoad: a reader that always finds datagrams queued
+// still gives up its P every few milliseconds (see readerYield); without
+// that the runtime's monitor preempts it in the middle of a system call and
+// hands its P to another thread.
+func TestReaderYieldsUnderLoad(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	h := start(t, harnessOptions{})
+	h.ask(t, "example.com", dns.TypeA) // cached from here on
+	to, err := net.ResolveUDPAddr("udp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := dnsfilter.ReaderYields()
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			c, err := net.ListenPacket("udp", "127.0.0.1:0")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			// Bursts for well over the yield interval, each sent once the
+			// last was answered: the reader is never idle for long.
+			q, err := query("example.com", dns.TypeA, 0).Pack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			buf := make([]byte, 1500)
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
+				for range 8 {
+					if _, err := c.WriteTo(q, to); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+				for range 8 {
+					if _, _, err := c.ReadFrom(buf); err != nil {
+						t.Errorf("client %d: %v", w, err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := dnsfilter.ReaderYields() - before; n == 0 {
+		t.Error("the reader never yielded in 200 ms of load")
 	}
 }

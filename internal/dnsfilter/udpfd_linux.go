@@ -1,13 +1,11 @@
 package dnsfilter
 
 import (
-	"errors"
 	"net"
 	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -22,10 +20,11 @@ import (
 // it out): a reader sleeps in recvmmsg itself (MSG_WAITFORONE: the call
 // returns as soon as one datagram is in, with whatever else is queued).
 //
-// The batches are still read and written by x/net's ipv4 and ipv6
-// PacketConn, whose internal/socket only needs a syscall.RawConn to run
-// recvmmsg and sendmmsg on: blockingConn's RawConn calls them on the
-// blocking descriptor. A receive timeout (blockingPoll) bounds each wait,
+// Each reader reads and writes its batches with recvmmsg and sendmmsg
+// directly (mmsgBatch): the message headers, their buffers and the
+// senders' addresses are laid out once, an answer goes back to the
+// address its query came from as the kernel wrote it, and no datagram
+// costs an allocation. A receive timeout (blockingPoll) bounds each wait,
 // so that a reader sees a stop within that time; the descriptor is closed
 // only once no call uses it, so a late answer can never go out on another
 // socket that reused its number.
@@ -38,13 +37,11 @@ const blockingPoll = 100 * time.Millisecond
 // not for a full batch.
 const recvFlags = unix.MSG_WAITFORONE
 
-// blockingConn is a bound UDP socket in blocking mode. It implements what
-// x/net's PacketConn needs (net.PacketConn, net.Conn and syscall.Conn);
-// deadlines are not supported: Close stops it.
+// blockingConn is a bound UDP socket in blocking mode, read and written
+// through mmsgBatch and writeTo. Close stops it.
 type blockingConn struct {
-	fd    int
-	v4    bool // the socket's family is AF_INET
-	local *net.UDPAddr
+	fd int
+	v4 bool // the socket's family is AF_INET
 	// mu is held shared by every call on fd and exclusively by Close,
 	// which sets closed first: calls waiting in a receive see it within
 	// blockingPoll.
@@ -56,10 +53,6 @@ type blockingConn struct {
 // detach takes c's socket out of Go's poller: it returns a blocking
 // duplicate of it and closes c. On error c is left as it was.
 func detach(c *net.UDPConn) (*blockingConn, error) {
-	la, ok := c.LocalAddr().(*net.UDPAddr)
-	if !ok {
-		return nil, errors.New("not a UDP socket")
-	}
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return nil, err
@@ -95,16 +88,21 @@ func detach(c *net.UDPConn) (*blockingConn, error) {
 			return nil, os.NewSyscallError("setsockopt", err)
 		}
 	}
-	return &blockingConn{fd: fd, v4: family == unix.AF_INET, local: la}, nil
+	return &blockingConn{fd: fd, v4: family == unix.AF_INET}, nil
 }
 
 // detached is c served as a blockingConn.
-func detached(c *net.UDPConn, la *net.UDPAddr) (*udpSocket, error) {
+func detached(c *net.UDPConn) (*udpSocket, error) {
 	bc, err := detach(c)
 	if err != nil {
 		return nil, err
 	}
-	return &udpSocket{batchConn: packetConn(bc, la), send: bc.writeTo, stop: bc.stop, close: func() { bc.Close() }}, nil
+	return &udpSocket{
+		batch: func(slots []udpSlot) udpBatch { return newMmsgBatch(bc, slots) },
+		send:  bc.writeTo,
+		stop:  bc.stop,
+		close: func() { bc.Close() },
+	}, nil
 }
 
 // use runs f on the descriptor until it reports done, unless the socket
@@ -139,19 +137,6 @@ func (c *blockingConn) Close() error {
 	return err
 }
 
-// SyscallConn implements syscall.Conn for x/net.
-func (c *blockingConn) SyscallConn() (syscall.RawConn, error) { return blockingRaw{c}, nil }
-
-// blockingRaw is the RawConn of a blockingConn. Read and Write retry f
-// while it reports "not done" (a receive or send timeout: EAGAIN).
-type blockingRaw struct{ c *blockingConn }
-
-func (r blockingRaw) Control(f func(fd uintptr)) error {
-	return r.c.use(func(fd uintptr) bool { f(fd); return true })
-}
-func (r blockingRaw) Read(f func(fd uintptr) bool) error  { return r.c.use(f) }
-func (r blockingRaw) Write(f func(fd uintptr) bool) error { return r.c.use(f) }
-
 // done reports whether a call on the socket that returned err is over:
 // not when it timed out (EAGAIN: see whether the socket was stopped, then
 // wait again) or was interrupted by a signal (EINTR: with a timeout set,
@@ -184,92 +169,4 @@ func (c *blockingConn) writeTo(b []byte, to netip.AddrPort) error {
 		return err
 	}
 	return os.NewSyscallError("sendto", serr)
-}
-
-// ReadFrom implements net.PacketConn.
-func (c *blockingConn) ReadFrom(b []byte) (int, net.Addr, error) {
-	var n int
-	var from unix.Sockaddr
-	var rerr error
-	if err := c.use(func(fd uintptr) bool {
-		n, from, rerr = unix.Recvfrom(int(fd), b, 0)
-		return done(rerr)
-	}); err != nil {
-		return 0, nil, err
-	}
-	if rerr != nil {
-		return 0, nil, os.NewSyscallError("recvfrom", rerr)
-	}
-	return n, udpAddr(from), nil
-}
-
-// udpAddr is sa as a *net.UDPAddr (nil for another kind of address).
-func udpAddr(sa unix.Sockaddr) *net.UDPAddr {
-	switch sa := sa.(type) {
-	case *unix.SockaddrInet4:
-		return net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port)))
-	case *unix.SockaddrInet6:
-		return net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port)))
-	}
-	return nil
-}
-
-// WriteTo implements net.PacketConn.
-func (c *blockingConn) WriteTo(b []byte, addr net.Addr) (int, error) {
-	ua, ok := addr.(*net.UDPAddr)
-	if !ok {
-		return 0, &net.AddrError{Err: "not a UDP address", Addr: addr.String()}
-	}
-	if err := c.writeTo(b, ua.AddrPort()); err != nil {
-		return 0, err
-	}
-	return len(b), nil
-}
-
-// Read and Write implement net.Conn; the socket is not connected, so
-// Write fails as write(2) does (EDESTADDRREQ).
-func (c *blockingConn) Read(b []byte) (int, error) {
-	n, _, err := c.ReadFrom(b)
-	return n, err
-}
-
-func (c *blockingConn) Write(b []byte) (int, error) {
-	var n int
-	var werr error
-	if err := c.use(func(fd uintptr) bool {
-		n, werr = unix.Write(int(fd), b)
-		return done(werr)
-	}); err != nil {
-		return 0, err
-	}
-	if werr != nil {
-		return 0, os.NewSyscallError("write", werr)
-	}
-	return n, nil
-}
-
-func (c *blockingConn) LocalAddr() net.Addr  { return c.local }
-func (c *blockingConn) RemoteAddr() net.Addr { return nil }
-
-var errNoDeadlines = errors.New("dns filter: the blocking UDP socket has no deadlines; Close stops it")
-
-func (c *blockingConn) SetDeadline(time.Time) error      { return errNoDeadlines }
-func (c *blockingConn) SetReadDeadline(time.Time) error  { return errNoDeadlines }
-func (c *blockingConn) SetWriteDeadline(time.Time) error { return errNoDeadlines }
-
-// ReadMsgUDP is the method by which x/net recognises a UDP socket; it
-// reads one datagram and its control messages.
-func (c *blockingConn) ReadMsgUDP(b, oob []byte) (n, oobn, flags int, addr *net.UDPAddr, err error) {
-	var from unix.Sockaddr
-	var rerr error
-	if err := c.use(func(fd uintptr) bool {
-		n, oobn, flags, from, rerr = unix.Recvmsg(int(fd), b, oob, 0)
-		return done(rerr)
-	}); err != nil {
-		return 0, 0, 0, nil, err
-	}
-	if rerr != nil {
-		return 0, 0, 0, nil, os.NewSyscallError("recvmsg", rerr)
-	}
-	return n, oobn, flags, udpAddr(from), nil
 }

@@ -12,6 +12,6 @@ const recvFlags = 0
 
 // detached exists on Linux only (see udpfd_linux.go); elsewhere every
 // socket is served through Go's poller.
-func detached(*net.UDPConn, *net.UDPAddr) (*udpSocket, error) {
+func detached(*net.UDPConn) (*udpSocket, error) {
 	return nil, errors.ErrUnsupported
 }

@@ -21,9 +21,9 @@ type scratchQuery struct {
 	question [1]dns.Question
 	opt      dns.OPT
 	extra    [1]dns.RR
-	// name keeps the last question name, reused when the next is the same.
-	name []byte
-	str  string
+	// names maps the packed labels of recent question names to their
+	// presentation (see presentation).
+	names map[string]string
 }
 
 // quickParse parses m into sq.msg and reports whether it could; on false
@@ -106,22 +106,32 @@ func (sq *scratchQuery) quickParse(m []byte) bool {
 }
 
 // presentation is the name of packed labels w (no root octet) as
-// Msg.Unpack writes it: "label.label.", reusing the last string when the
-// labels are the same bytes.
+// Msg.Unpack writes it: "label.label.". The strings of recent names are
+// kept (a guest asks the same names again and again), up to
+// maxPresentations; then they are forgotten all at once.
 func (sq *scratchQuery) presentation(w []byte) string {
-	if sq.str != "" && string(w) == string(sq.name) {
-		return sq.str
+	if s, ok := sq.names[string(w)]; ok {
+		return s
 	}
-	b := make([]byte, 0, len(w))
+	var b [255]byte
+	n := 0
 	for i := 0; i < len(w); {
 		l := int(w[i])
-		b = append(append(b, w[i+1:i+1+l]...), '.')
+		n += copy(b[n:], w[i+1:i+1+l])
+		b[n] = '.'
+		n++
 		i += 1 + l
 	}
-	sq.name = append(sq.name[:0], w...)
-	sq.str = string(b)
-	return sq.str
+	if sq.names == nil || len(sq.names) >= maxPresentations {
+		sq.names = make(map[string]string)
+	}
+	s := string(b[:n])
+	sq.names[string(w)] = s
+	return s
 }
+
+// maxPresentations bounds the names a scratch query keeps.
+const maxPresentations = 512
 
 // plainLabelByte reports whether c appears in a label's presentation as
 // itself (Msg.Unpack escapes '.', ' ', quotes, '@', ';', '(', ')', '\\'
