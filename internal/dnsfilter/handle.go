@@ -49,7 +49,9 @@ const (
 // decision is what one query led to, for the log line and counters.
 type decision struct {
 	// at is when the query was decided (answered, for one that went
-	// upstream): the one reading of the clock for its rate, cache, TTLs and line.
+	// upstream): the one reading of the clock for its rate, cache, TTLs and
+	// line. The datagrams of one batched read share the reading taken when
+	// the read returned.
 	at      time.Time
 	name    string
 	qtype   uint16
@@ -85,7 +87,7 @@ func (s *Server) Handle(ctx context.Context, client netip.Addr, network string, 
 	}
 	s.st.queries.Add(1)
 	var p pending
-	resp, d, allowed := s.decide(ctx, client, req, &p)
+	resp, d, allowed := s.decide(ctx, client, req, s.now(), &p)
 	if allowed {
 		resp, d = s.finish(ctx, req, &p, d)
 	}
@@ -94,15 +96,16 @@ func (s *Server) Handle(ctx context.Context, client netip.Addr, network string, 
 
 // handleNow is Handle for the batched UDP path: a cached answer is packed
 // into dst when it fits as it is (wire), and a query whose answer must wait
-// on the upstream is returned pending instead of waited for. The decision
-// line goes to lb when it is not nil (see logDecision).
-func (s *Server) handleNow(ctx context.Context, client netip.Addr, req *dns.Msg, dst []byte, lb *decisionlog.Batch) (resp *dns.Msg, wire []byte, up *udpPending) {
+// on the upstream is returned pending instead of waited for. The query came
+// in at now; its decision line goes to lb when it is not nil (see
+// logDecision).
+func (s *Server) handleNow(ctx context.Context, client netip.Addr, req *dns.Msg, now time.Time, dst []byte, lb *decisionlog.Batch) (resp *dns.Msg, wire []byte, up *udpPending) {
 	if req.Response {
 		return nil, nil, nil
 	}
 	s.st.queries.Add(1)
 	var p pending
-	resp, d, allowed := s.decide(ctx, client, req, &p)
+	resp, d, allowed := s.decide(ctx, client, req, now, &p)
 	if allowed && p.e == nil {
 		return nil, nil, &udpPending{req: req, client: client, d: d, p: p}
 	}
@@ -145,12 +148,13 @@ type pending struct {
 	e     *entry
 }
 
-// decide runs the decision path. Every branch returns a complete response
+// decide runs the decision path of a query that came in at now. Every
+// branch returns a complete response
 // (or leaves it to the caller, see policyBlock), except an allowed query:
 // that one is described in p, its cache entry or none, for answer or
 // finish, and decide reports allowed.
-func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg, p *pending) (_ *dns.Msg, _ decision, allowed bool) {
-	d := decision{at: s.now()}
+func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg, now time.Time, p *pending) (_ *dns.Msg, _ decision, allowed bool) {
+	d := decision{at: now}
 	if len(req.Question) == 1 {
 		d.name, d.qtype = strings.TrimSuffix(req.Question[0].Name, "."), req.Question[0].Qtype
 	}
