@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -24,7 +25,7 @@ import (
 type idleConn struct {
 	net.Conn
 	idle    time.Duration
-	timer   *time.Timer
+	timer   atomic.Pointer[time.Timer] // set before it is armed: check always finds it
 	once    sync.Once
 	onClose func()
 	rx, tx  atomic.Int64 // bytes read from and written to the peer
@@ -40,7 +41,9 @@ const idleChecks = 4
 func newIdleConn(c net.Conn, idle time.Duration, onClose func()) *idleConn {
 	ic := &idleConn{Conn: c, idle: idle, onClose: onClose, moved: time.Now()}
 	if idle > 0 {
-		ic.timer = time.AfterFunc(idle/idleChecks, ic.check)
+		t := time.AfterFunc(math.MaxInt64, ic.check)
+		ic.timer.Store(t)
+		t.Reset(idle / idleChecks)
 	}
 	return ic
 }
@@ -53,7 +56,7 @@ func (c *idleConn) check() {
 		c.Close()
 		return
 	}
-	c.timer.Reset(c.idle / idleChecks)
+	c.timer.Load().Reset(c.idle / idleChecks)
 }
 
 func (c *idleConn) Read(b []byte) (int, error) {
@@ -75,8 +78,8 @@ func (c *idleConn) Write(b []byte) (int, error) {
 func (c *idleConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
-		if c.timer != nil {
-			c.timer.Stop()
+		if t := c.timer.Load(); t != nil {
+			t.Stop()
 		}
 		if c.onClose != nil {
 			c.onClose()

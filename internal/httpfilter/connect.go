@@ -20,7 +20,7 @@ import (
 // serveConnect decides a CONNECT, then intercepts the tunnel (default),
 // tunnels it after checking the ClientHello (exceptions, --no-mitm), or
 // answers the healthcheck itself.
-func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record) {
+func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *record) {
 	t, err := egress.ParseAuthority(r.Host, 0)
 	if err == nil && (r.RequestURI == "" || r.RequestURI[0] == '/') {
 		// RFC 9110 9.3.6: a CONNECT names its target in authority form.
@@ -35,7 +35,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record
 		return
 	}
 	rec.setTarget(t)
-	d := p.decide(r.Context(), t, nil)
+	d := p.decide(ctx, t, nil)
 	rec.apply(d)
 	if d.verdict != allowlist.Allow {
 		p.refuse(w, rec, d.status, d.reason, true)
@@ -59,7 +59,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request, rec *record
 	defer conn.Close()
 	// Revocation closes the guest's connection and ends the context of
 	// the inner request in flight with it.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	if !use.attach(&guestConn{Conn: conn, cancel: cancel}) {
 		// Revoked between the check and the hijack: nothing was answered
@@ -308,7 +308,7 @@ func (p *Proxy) serveInnerH2(w http.ResponseWriter, r *http.Request) {
 			panic(http.ErrAbortHandler)
 		}
 	}()
-	p.serveInner(w, r)
+	p.serveInner(r.Context(), w, r)
 }
 
 // serveInnerH1 serves an intercepted HTTP/1.x connection behind its own h1

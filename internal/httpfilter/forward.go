@@ -52,6 +52,12 @@ type fwdState struct {
 // ServeHTTP handles the guest's connection to the proxy: absolute-form
 // plain HTTP and CONNECT; anything else is a 400 that says what to send.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.serveOuterRequest(r.Context(), w, r)
+}
+
+// serveOuterRequest is ServeHTTP with the request's context passed apart
+// (the server loop gives its requests none: see h1Handler).
+func (p *Proxy) serveOuterRequest(ctx context.Context, w http.ResponseWriter, r *http.Request) {
 	w = closeAfterUpgrade(w, r)
 	rec := &record{start: time.Now(), kind: "http", client: r.RemoteAddr, method: r.Method}
 	if status, reason := requestRefusal(r); reason != "" {
@@ -63,7 +69,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.finish(rec)
 		return
 	}
-	if !p.admit(r) {
+	if !p.admit(ctx) {
 		if r.Method == http.MethodConnect {
 			rec.kind = "connect"
 		}
@@ -74,7 +80,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodConnect:
 		rec.kind = "connect"
-		p.serveConnect(w, r, rec)
+		p.serveConnect(ctx, w, r, rec)
 		return
 	case r.URL.IsAbs() && r.URL.Scheme == "http":
 		rec.path = pathOnly(r)
@@ -90,7 +96,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			p.finish(rec)
 			return
 		}
-		p.serveForward(w, r, rec, t, "http", 80, nil)
+		p.serveForward(ctx, w, r, rec, t, "http", 80, nil)
 	case r.URL.IsAbs() && r.URL.Scheme == "https":
 		rec.host = r.URL.Hostname()
 		p.refuse(w, rec, http.StatusBadRequest, ReasonHTTPSInAbsolute, false)
@@ -108,9 +114,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // serveInner handles a request inside an intercepted tunnel. Its Host (or
 // :authority) must name the CONNECT target, and it is decided again.
-func (p *Proxy) serveInner(w http.ResponseWriter, r *http.Request) {
+func (p *Proxy) serveInner(ctx context.Context, w http.ResponseWriter, r *http.Request) {
 	w = closeAfterUpgrade(w, r)
-	sc, _ := r.Context().Value(scopeKey{}).(*scope)
+	sc, _ := ctx.Value(scopeKey{}).(*scope)
 	rec := &record{start: time.Now(), kind: "inner", client: r.RemoteAddr, method: r.Method, path: pathOnly(r)}
 	if sc == nil {
 		p.refuse(w, rec, http.StatusInternalServerError, "no_scope", true)
@@ -129,7 +135,7 @@ func (p *Proxy) serveInner(w http.ResponseWriter, r *http.Request) {
 		p.finish(rec)
 		return
 	}
-	if !p.admit(r) {
+	if !p.admit(ctx) {
 		p.refuseRate(w, rec, false)
 		return
 	}
@@ -160,19 +166,19 @@ func (p *Proxy) serveInner(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Header.Del("Host")
-	p.serveForward(w, r, rec, t, sc.scheme, sc.defaultPort, sc.checked)
+	p.serveForward(ctx, w, r, rec, t, sc.scheme, sc.defaultPort, sc.checked)
 }
 
 // serveForward decides t and forwards r to exactly the checked address;
 // pinned is the tunnel's checked target for an inner request.
-func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record, t egress.Target, scheme string, defPort uint16, pinned *egress.Checked) {
+func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *record, t egress.Target, scheme string, defPort uint16, pinned *egress.Checked) {
 	rec.setTarget(t)
 	if reason := upgradeRefusal(r.Header); reason != "" {
 		p.refuse(w, rec, http.StatusBadRequest, reason, true)
 		p.finish(rec)
 		return
 	}
-	d := p.decide(r.Context(), t, pinned)
+	d := p.decide(ctx, t, pinned)
 	rec.apply(d)
 	if d.healthcheck {
 		if r.Body != nil {
@@ -197,7 +203,7 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record
 	// upgrade for hours: hold it for this target. (Inside a CONNECT tunnel
 	// the tunnel itself is held.)
 	var use *liveUse
-	if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
+	if c, ok := ctx.Value(connKey{}).(net.Conn); ok {
 		use = &st.use
 		p.holdAs(use, t)
 		defer p.unhold(use)
@@ -208,13 +214,13 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record
 			return
 		}
 	}
-	if !p.acquireUpstream(r.Context()) {
+	if !p.acquireUpstream(ctx) {
 		p.refuse(w, rec, http.StatusServiceUnavailable, ReasonUpstreamBusy, false)
 		p.finish(rec)
 		return
 	}
 	defer p.releaseUpstream()
-	abort := p.forward(r.Context(), cw, r, st)
+	abort := p.forward(ctx, cw, r, st)
 	rec.up = st.sent.Load()
 	if use != nil && use.revoked.Load() {
 		rec.verdict, rec.reason = allowlist.Block, ReasonRevoked
@@ -226,6 +232,12 @@ func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request, rec *record
 		}
 	}
 	p.finish(rec)
+	if cw.status == 0 && !cw.upgrade && ctx.Err() != nil {
+		// The guest left, or a revocation or shutdown ended the exchange,
+		// before any answer: the connection ends without one (left to the
+		// server, it would answer an empty 200).
+		abort = true
+	}
 	if abort {
 		// The answer broke after its header: the guest must not take a
 		// truncated body for a whole one.

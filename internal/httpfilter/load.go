@@ -67,11 +67,11 @@ func newLimits(cfg Config) limits {
 
 // admit charges one request to the guest that sent it (egress.ClientOf,
 // set for every guest connection) and reports whether it is within rate.
-func (p *Proxy) admit(r *http.Request) bool {
+func (p *Proxy) admit(ctx context.Context) bool {
 	if p.limits.requests == nil {
 		return true
 	}
-	c, _ := egress.ClientOf(r.Context())
+	c, _ := egress.ClientOf(ctx)
 	ok, _ := p.limits.requests.Allow(c, time.Now())
 	return ok
 }

@@ -62,13 +62,19 @@ type h1Conn struct {
 	bw      *bufio.Writer
 	ctx     context.Context
 	remote  string
-	handler func(http.ResponseWriter, *http.Request)
+	handler h1Handler
 	idle    atomic.Bool // waiting for a request: shutdown closes it
 	hdr     hdrClock
 	w       h1Response // reused by every request
 	body    *h1Body    // the current request's body, nil without one
 	watch   exchangeWatch
 }
+
+// h1Handler serves one request of serveH1's. The request's own context is
+// the background: ctx is the connection's (cancelled by revocation and
+// shutdown, with its values), passed apart so that no copy of the request
+// is made to carry it (Request.WithContext).
+type h1Handler func(ctx context.Context, w http.ResponseWriter, r *http.Request)
 
 // guestConn is the guest's connection as revocation sees it: closing it
 // also ends the context of the request in flight (its upstream exchange).
@@ -95,12 +101,12 @@ func (p *Proxy) serveOuter(ctx context.Context, c net.Conn) {
 	ctx, cancel := context.WithCancel(withClient(ctx, c))
 	defer cancel()
 	ctx = context.WithValue(ctx, connKey{}, net.Conn(&guestConn{Conn: c, cancel: cancel}))
-	p.serveH1(ctx, c, p.ServeHTTP)
+	p.serveH1(ctx, c, p.serveOuterRequest)
 }
 
 // serveH1 serves HTTP/1.x requests on c until either side ends the
 // connection; c is closed on return unless a handler hijacked it.
-func (p *Proxy) serveH1(ctx context.Context, c net.Conn, h func(http.ResponseWriter, *http.Request)) {
+func (p *Proxy) serveH1(ctx context.Context, c net.Conn, h h1Handler) {
 	hc := &h1Conn{p: p, c: c, ctx: ctx, remote: c.RemoteAddr().String(), handler: h}
 	hc.br = h1Readers.Get().(*bufio.Reader)
 	hc.br.Reset(c)
@@ -227,7 +233,6 @@ func (hc *h1Conn) serve(req *http.Request) (keep bool) {
 		return false
 	}
 	req.RemoteAddr = hc.remote
-	req = req.WithContext(hc.ctx)
 
 	w := &hc.w
 	w.reset(req)
@@ -268,7 +273,7 @@ func (hc *h1Conn) run(w *h1Response, req *http.Request) (ok bool) {
 			ok = false
 		}
 	}()
-	hc.handler(w, req)
+	hc.handler(hc.ctx, w, req)
 	return true
 }
 
