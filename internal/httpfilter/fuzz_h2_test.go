@@ -71,7 +71,7 @@ func (fp *fuzzProxy) serveH2(t *testing.T, b []byte, want int) []originReq {
 				mu.Unlock()
 				defer active.Add(-1)
 				defer finished.Add(1)
-				fp.p.serveInner(r.Context(), w, r)
+				fp.p.serveInnerH2(w, r)
 			}),
 			BaseConfig: fp.p.inner,
 		})

@@ -239,6 +239,10 @@ type fuzzProxy struct {
 	origins *fuzzOrigins
 	engine  *policy.Engine
 	log     *syncBuffer
+	// diag is the proxy's own log (a contained panic's stack), panics the
+	// count of contained panics already reported.
+	diag   *syncBuffer
+	panics uint64
 }
 
 func newFuzzProxy(t testing.TB, noMITM bool) *fuzzProxy {
@@ -260,6 +264,7 @@ func newFuzzProxy(t testing.TB, noMITM bool) *fuzzProxy {
 		origins: &fuzzOrigins{names: map[string]netip.Addr{}, addrs: map[netip.Addr]string{}, tls: noMITM},
 		engine:  eng,
 		log:     &syncBuffer{},
+		diag:    &syncBuffer{},
 	}
 	fp.p, err = New(Config{
 		Listener:         fp.ln,
@@ -270,6 +275,7 @@ func newFuzzProxy(t testing.TB, noMITM bool) *fuzzProxy {
 		CA:               proxyCA,
 		NoMITM:           noMITM,
 		DecisionLog:      slog.New(slog.NewJSONHandler(fp.log, nil)),
+		Logger:           slog.New(slog.NewTextHandler(fp.diag, nil)),
 		RequestRate:      -1,
 		HandshakeTimeout: 2 * time.Second,
 	})
@@ -315,6 +321,15 @@ func (fp *fuzzProxy) collect(t *testing.T, b []byte) (dials []netip.AddrPort, re
 	case <-quiet:
 	case <-time.After(20 * time.Second):
 		t.Fatalf("an upstream connection is still open after the guest that sent %q left", b)
+	}
+	// The proxy contains a panic to the connection it served (and logs
+	// it): for the fuzzer it is a failure all the same.
+	if n := fp.p.panics.Count(); n != fp.panics {
+		fp.panics = n
+		fp.diag.mu.Lock()
+		diag := fp.diag.b.String()
+		fp.diag.mu.Unlock()
+		t.Fatalf("guest bytes %q: serving them panicked (contained):\n%s", b, diag)
 	}
 	dials, reqs = fp.origins.take()
 	fp.log.mu.Lock()
