@@ -28,7 +28,7 @@ var testScratch struct {
 }
 
 func (s *Server) answerDatagram(ctx context.Context, sq *scratchQuery, m []byte, client netip.Addr, dst []byte) []byte {
-	resp, wire, p := s.udpQuery(ctx, sq, m, false, client, s.now(), dst, nil)
+	resp, wire, p := s.udpQuery(ctx, sq, m, false, client, s.now(), nil, dst, nil)
 	if p != nil {
 		resp, _ = s.finish(ctx, p.req, &p.p, p.d)
 		resp = s.conclude(p.client, "udp", p.req, resp, p.d, nil)

@@ -87,7 +87,7 @@ func (s *Server) Handle(ctx context.Context, client netip.Addr, network string, 
 	}
 	s.st.queries.Add(1)
 	var p pending
-	resp, d, allowed := s.decide(ctx, client, req, s.now(), &p)
+	resp, d, allowed := s.decide(ctx, client, req, s.now(), nil, &p)
 	if allowed {
 		resp, d = s.finish(ctx, req, &p, d)
 	}
@@ -97,15 +97,15 @@ func (s *Server) Handle(ctx context.Context, client netip.Addr, network string, 
 // handleNow is Handle for the batched UDP path: a cached answer is packed
 // into dst when it fits as it is (wire), and a query whose answer must wait
 // on the upstream is returned pending instead of waited for. The query came
-// in at now; its decision line goes to lb when it is not nil (see
-// logDecision).
-func (s *Server) handleNow(ctx context.Context, client netip.Addr, req *dns.Msg, now time.Time, dst []byte, lb *decisionlog.Batch) (resp *dns.Msg, wire []byte, up *udpPending) {
+// in at now; pm is the reader's memo of name decisions, and the decision
+// line goes to lb when it is not nil (see logDecision).
+func (s *Server) handleNow(ctx context.Context, client netip.Addr, req *dns.Msg, now time.Time, pm *policyMemo, dst []byte, lb *decisionlog.Batch) (resp *dns.Msg, wire []byte, up *udpPending) {
 	if req.Response {
 		return nil, nil, nil
 	}
 	s.st.queries.Add(1)
 	var p pending
-	resp, d, allowed := s.decide(ctx, client, req, now, &p)
+	resp, d, allowed := s.decide(ctx, client, req, now, pm, &p)
 	if allowed && p.e == nil {
 		return nil, nil, &udpPending{req: req, client: client, d: d, p: p}
 	}
@@ -153,7 +153,7 @@ type pending struct {
 // (or leaves it to the caller, see policyBlock), except an allowed query:
 // that one is described in p, its cache entry or none, for answer or
 // finish, and decide reports allowed.
-func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg, now time.Time, p *pending) (_ *dns.Msg, _ decision, allowed bool) {
+func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg, now time.Time, pm *policyMemo, p *pending) (_ *dns.Msg, _ decision, allowed bool) {
 	d := decision{at: now}
 	if len(req.Question) == 1 {
 		d.name, d.qtype = strings.TrimSuffix(req.Question[0].Name, "."), req.Question[0].Qtype
@@ -174,7 +174,7 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg, no
 		return resp, d, false
 	}
 	n, q := d.name, req.Question[0]
-	pd := s.pol.DecideNormalized(n)
+	pd := s.decideName(n, pm)
 	d.verdict, d.reason, d.rule = pd.Verdict, pd.Reason, pd.Rule
 	if pd.Verdict != allowlist.Allow {
 		s.st.blocked.Add(1)

@@ -393,3 +393,53 @@ func TestLogComplete(t *testing.T) {
 		t.Errorf("log_dropped %d, log_write_errors %d; want 0", st.LogDropped, st.LogWriteErrors)
 	}
 }
+
+// TestDecisionFollowsEveryListChange: each UDP reader keeps the decisions
+// of the names it answers for the list they were made under; a change of
+// the allowlist is in force from the next query on, both ways, with the
+// answer cached or not, and a switch to passive mode and back decides
+// afresh (passive mode records every name it allows).
+func TestDecisionFollowsEveryListChange(t *testing.T) {
+	h := start(t, harnessOptions{allowlist: "example.com\n"})
+	for i := range 3 {
+		if r := h.ask(t, "example.com", dns.TypeA); rcode(r) != "NOERROR" {
+			t.Fatalf("round %d: example.com listed: rcode %s, want NOERROR", i, rcode(r))
+		}
+		if r := h.ask(t, "other.org", dns.TypeA); rcode(r) != "NXDOMAIN" {
+			t.Fatalf("round %d: other.org not listed: rcode %s, want NXDOMAIN", i, rcode(r))
+		}
+		if _, err := h.pol.Remove("example.com"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.pol.Add("other.org"); err != nil {
+			t.Fatal(err)
+		}
+		if r := h.ask(t, "example.com", dns.TypeA); rcode(r) != "NXDOMAIN" {
+			t.Errorf("round %d: example.com removed: rcode %s, want NXDOMAIN", i, rcode(r))
+		}
+		if r := h.ask(t, "other.org", dns.TypeA); rcode(r) != "NOERROR" {
+			t.Errorf("round %d: other.org added: rcode %s, want NOERROR", i, rcode(r))
+		}
+		if _, err := h.pol.Remove("other.org"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.pol.Add("example.com"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.pol.SetMode(policy.Passive)
+	if r := h.ask(t, "other.org", dns.TypeA); rcode(r) != "NOERROR" {
+		t.Errorf("other.org (unlisted) in passive mode: rcode %s, want NOERROR", rcode(r))
+	}
+	h.pol.SetMode(policy.Active)
+	if r := h.ask(t, "other.org", dns.TypeA); rcode(r) != "NXDOMAIN" {
+		t.Errorf("other.org back in active mode: rcode %s, want NXDOMAIN", rcode(r))
+	}
+	var names []string
+	for _, e := range h.pol.Profile().Entries {
+		names = append(names, e.Name)
+	}
+	if !slices.Contains(names, "other.org") {
+		t.Errorf("passive profile %v does not hold other.org", names)
+	}
+}

@@ -239,6 +239,7 @@ func (s *Server) readUDP(ctx context.Context, u *udpSocket, pending *sync.WaitGr
 	// together, before their answers leave.
 	var sq scratchQuery
 	var lines decisionlog.Batch
+	var pm policyMemo
 	lastYield := s.now()
 	for {
 		n, err := bt.read()
@@ -265,7 +266,7 @@ func (s *Server) readUDP(ctx context.Context, u *udpSocket, pending *sync.WaitGr
 				continue
 			}
 			from := sl.from
-			resp, b, p := s.udpQuery(ctx, &sq, sl.in[:sl.n], sl.cut, from.Addr().Unmap(), now, sl.out, &lines)
+			resp, b, p := s.udpQuery(ctx, &sq, sl.in[:sl.n], sl.cut, from.Addr().Unmap(), now, &pm, sl.out, &lines)
 			if p != nil {
 				pending.Add(1)
 				go func() {
@@ -356,8 +357,9 @@ func (s *Server) finishUDP(ctx context.Context, u *udpSocket, to netip.AddrPort,
 // query is parsed into sq (see quickParse): a response returned must be
 // packed before sq's next use (a pending query is returned with a copy of
 // its own). Without sq, every query is unpacked by miekg/dns. The datagram
-// came in at now; the decision line goes to lb when it is not nil.
-func (s *Server) udpQuery(ctx context.Context, sq *scratchQuery, m []byte, cut bool, client netip.Addr, now time.Time, dst []byte, lb *decisionlog.Batch) (*dns.Msg, []byte, *udpPending) {
+// came in at now; pm is the reader's memo of name decisions (or nil), and
+// the decision line goes to lb when it is not nil.
+func (s *Server) udpQuery(ctx context.Context, sq *scratchQuery, m []byte, cut bool, client netip.Addr, now time.Time, pm *policyMemo, dst []byte, lb *decisionlog.Batch) (*dns.Msg, []byte, *udpPending) {
 	if len(m) < 12 {
 		s.invalid(m, dns.ErrShortRead)
 		return nil, nil, nil
@@ -372,7 +374,7 @@ func (s *Server) udpQuery(ctx context.Context, sq *scratchQuery, m []byte, cut b
 		return nil, nil, nil
 	}
 	if accept == dns.MsgAccept && !cut && sq != nil && sq.quickParse(m) {
-		resp, b, p := s.handleNow(ctx, client, &sq.msg, now, dst, lb)
+		resp, b, p := s.handleNow(ctx, client, &sq.msg, now, pm, dst, lb)
 		if p != nil {
 			p.own() // it outlives sq's next use
 		}
@@ -385,7 +387,7 @@ func (s *Server) udpQuery(ctx context.Context, sq *scratchQuery, m []byte, cut b
 			err = errCut
 		}
 		if err == nil {
-			return s.handleNow(ctx, client, req, now, dst, lb)
+			return s.handleNow(ctx, client, req, now, pm, dst, lb)
 		}
 		s.invalid(m, err)
 	} else { // rejected: the header alone
