@@ -408,10 +408,14 @@ func (p *Proxy) roundTripH2(ctx context.Context, out *http.Request, st *fwdState
 // hop-by-hop fields, announcing its trailers.
 func relayHeader(w *countingWriter, resp *http.Response) {
 	removeHopByHop(resp.Header)
-	h := w.Header()
-	for k, vv := range resp.Header {
-		h[k] = vv
+	hw, ok := w.ResponseWriter.(*h1Response)
+	if !ok || !hw.adoptHeader(resp.Header) {
+		h := w.Header()
+		for k, vv := range resp.Header {
+			h[k] = vv
+		}
 	}
+	h := w.Header()
 	if len(resp.Trailer) > 0 {
 		keys := make([]string, 0, len(resp.Trailer))
 		for k := range resp.Trailer {

@@ -71,6 +71,17 @@ func (w *h1Response) reset(req *http.Request) {
 
 func (w *h1Response) Header() http.Header { return w.header }
 
+// adoptHeader makes h the answer's header (an origin's, relayed as it is)
+// instead of copying it field by field: only while nothing else was set.
+// The map is the connection's from then on, cleared for the next answer.
+func (w *h1Response) adoptHeader(h http.Header) bool {
+	if w.wroteHeader || w.hijacked || len(w.header) > 0 {
+		return false
+	}
+	w.header = h
+	return true
+}
+
 // writeContinue answers 100-continue, unless the answer has started.
 func (w *h1Response) writeContinue() {
 	w.continueMu.Lock()
