@@ -2,7 +2,9 @@ package dnsfilter_test
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,6 +99,15 @@ func TestIdleTCPCannotStarve(t *testing.T) {
 	}
 	if st := h.srv.Snapshot(); st.TCPEvicted == 0 {
 		t.Errorf("tcp_evicted = 0")
+	}
+	warned := 0
+	for _, l := range h.logs.lines(t) {
+		if strings.HasPrefix(fmt.Sprint(l["msg"]), "dns tcp connection limit reached") {
+			warned++
+		}
+	}
+	if warned != 1 {
+		t.Errorf("%d warnings of the TCP limit, want 1 (then one per %s)", warned, "10s")
 	}
 }
 

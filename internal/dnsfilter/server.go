@@ -163,6 +163,7 @@ func New(cfg Config) (*Server, error) {
 	s.inflight = make(chan struct{}, orDefault(cfg.MaxInflight, DefaultMaxInflight))
 	if s.ln != nil {
 		s.tcp = newEvictingListener(s.ln, orDefault(cfg.MaxTCPConns, DefaultMaxTCPConns))
+		s.tcp.log = s.log
 		s.ln = s.tcp
 	}
 	return s, nil

@@ -1,6 +1,7 @@
 package dnsfilter
 
 import (
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -21,7 +22,14 @@ type evictingListener struct {
 	conns map[*trackedConn]struct{}
 	// evicted counts connections closed to make room.
 	evicted atomic.Uint64
+	// log receives one warning per evictLogEvery while evicting (nil:
+	// none); lastLog is its unix nanoseconds.
+	log     *slog.Logger
+	lastLog atomic.Int64
 }
+
+// evictLogEvery spaces the warnings of a client holding the TCP slots.
+const evictLogEvery = 10 * time.Second
 
 func newEvictingListener(l net.Listener, max int) *evictingListener {
 	return &evictingListener{Listener: l, max: max, conns: make(map[*trackedConn]struct{}, max)}
@@ -47,8 +55,13 @@ func (l *evictingListener) Accept() (net.Conn, error) {
 	l.conns[tc] = struct{}{}
 	l.mu.Unlock()
 	if victim != nil {
-		l.evicted.Add(1)
+		n := l.evicted.Add(1)
 		victim.Conn.Close()
+		now, last := time.Now().UnixNano(), l.lastLog.Load()
+		if l.log != nil && now-last >= int64(evictLogEvery) && l.lastLog.CompareAndSwap(last, now) {
+			l.log.Warn("dns tcp connection limit reached; the quietest connection is closed for each new one",
+				"max", l.max, "evicted", n, "closed", victim.RemoteAddr().String(), "for", c.RemoteAddr().String())
+		}
 	}
 	return tc, nil
 }
