@@ -36,11 +36,12 @@ func FuzzInnerH2(f *testing.F) {
 // in a tunnel to h2Target, checks what reached the origins and returns it.
 //
 // The guest holds the connection open once its frames are read, so that
-// the streams they opened are served, until the handlers are done (or
-// want of them have finished, want < 0: all, waiting up to 200 ms for
-// those that wait for more frames). A handler that starts after that is
-// not run: what the origins read is then this connection's alone, however
-// the goroutines were scheduled.
+// the streams they opened are served, until the handlers are done: want ≥ 0
+// waits (up to 20 s) until want requests have reached the origins and no
+// handler runs; want < 0 waits up to 200 ms for all of them, as some wait
+// for more frames. A handler that starts after that is not run: what the
+// origins read is then this connection's alone, however the goroutines
+// were scheduled.
 func (fp *fuzzProxy) serveH2(t *testing.T, b []byte, want int) []originReq {
 	target := egress.Target{Name: h2Target, Port: 80}
 	ctx := context.Background()
@@ -82,10 +83,15 @@ func (fp *fuzzProxy) serveH2(t *testing.T, b []byte, want int) []originReq {
 	}
 	// The handlers of the streams read are started by now, though maybe
 	// not running yet: give them a millisecond to show up.
-	start := time.Now()
-	for time.Since(start) < 200*time.Millisecond {
+	// A caller that names the count waits for it for as long as a loaded
+	// machine may need (the test then fails on the count, not the clock).
+	start, limit := time.Now(), 200*time.Millisecond
+	if want >= 0 {
+		limit = 20 * time.Second
+	}
+	for time.Since(start) < limit {
 		time.Sleep(100 * time.Microsecond)
-		if want >= 0 && int(finished.Load()) >= want ||
+		if want >= 0 && fp.origins.count() >= want && active.Load() == 0 ||
 			want < 0 && active.Load() == 0 && (finished.Load() > 0 || time.Since(start) > time.Millisecond) {
 			break
 		}

@@ -218,6 +218,13 @@ func (o *fuzzOrigins) record(r originReq) {
 	o.mu.Unlock()
 }
 
+// count is the number of requests the origins have read so far.
+func (o *fuzzOrigins) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.reqs)
+}
+
 func (o *fuzzOrigins) take() (dials []netip.AddrPort, reqs []originReq) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
