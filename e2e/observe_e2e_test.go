@@ -194,6 +194,8 @@ func TestObserve(t *testing.T) {
 		t.Errorf("doctor did not name %s/%s; failures:\n%s", layer, check, strings.Join(failedLayers(r), "\n"))
 	}
 
+	t.Run("refusals reach the refusal streams", func(t *testing.T) { refusalStreamOnGuest(t, s, name, st) })
+
 	t.Run("doctor passes on a healthy instance", func(t *testing.T) {
 		r, _ := doctor(t)
 		guest := 0
