@@ -108,14 +108,7 @@ func TestPooledConnectionOutlivesItsGuest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serveRaw(t, ln, func(c net.Conn, br *bufio.Reader) {
-		for {
-			if _, err := http.ReadRequest(br); err != nil {
-				return
-			}
-			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-		}
-	})
+	serveRaw(t, ln, rawOrigin)
 	_, pt, _ := net.SplitHostPort(ln.Addr().String())
 	h := newHarness(t, hopts{allow: []string{"origin.test"}})
 	h.allowOrigin("origin.test", nil, pt)
