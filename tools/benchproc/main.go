@@ -111,7 +111,7 @@ func run(o options) error {
 	if err := pin(0, o.clientCPU); err != nil {
 		return err
 	}
-	for _, tool := range []string{"fakedns", "testorigin"} {
+	for _, tool := range []string{"fakedns", "testorigin", "tcprelay"} {
 		if out, err := exec.Command("go", "build", "-o", filepath.Join(o.dir, tool), "./tools/"+tool).CombinedOutput(); err != nil {
 			return fmt.Errorf("building %s: %v\n%s", tool, err, out)
 		}
@@ -131,6 +131,18 @@ func run(o options) error {
 			}
 			fx.directHTTP, fx.directHTTPS = h, hs
 			return "", p, waitTCP(hs)
+		}},
+		// A bare TCP relay to the origin, with no HTTP work: the ceiling
+		// of every proxy in the plain-HTTP tests, since through any proxy
+		// the origin shares the client CPU with the load generator while
+		// the direct reference has a CPU of its own.
+		{name: "relay", only: []string{"http", "http-c1", "tput-http"}, start: func() (string, *proc, error) {
+			addr := freePort()
+			p, err := o.spawn(o.serverCPU, "", filepath.Join(o.dir, "tcprelay"), "-listen", addr, "-to", fx.originHTTP)
+			if err != nil {
+				return "", nil, err
+			}
+			return addr, p, waitTCP(addr)
 		}},
 		{name: "abox", start: func() (string, *proc, error) { return o.startProxy(abox, fx) }},
 		// The same proxy tunnelling CONNECTs instead of intercepting them:

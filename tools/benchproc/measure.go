@@ -349,6 +349,7 @@ func printTable(rs []result, rounds int) {
 	}
 	fmt.Println("\nclient cores: CPU of the load generator and the fixtures (one core): near 1.00 the client side, not the target, was the limit.")
 	fmt.Println("Through a proxy the origin shares that core with the load generator, while the direct reference has it alone: that caps any proxy's ratio.")
+	fmt.Println("relay (a bare TCP relay, no HTTP work) and abox-tunnel (CONNECT bytes relayed, not intercepted) measure that cap in the same round.")
 	fmt.Println("other busy: the machine's busy cores not accounted to either (other tenants): well above 0 the figures are noisy.")
 	fmt.Println("errors: no answer within 250 ms. late: the answer was there but the load generator read it past its deadline.")
 	fmt.Println("Either comes in bursts of one per worker (32) when one side is held up for longer than 250 ms on a busy machine.")
