@@ -140,9 +140,12 @@ func (s State) validate(l paths.Layout) error {
 	if s.UpstreamCA != "" && s.UpstreamCA != filepath.Join(dir, "upstream-ca.pem") {
 		errs = append(errs, fmt.Errorf("upstream CA %q is not the instance's copy", s.UpstreamCA))
 	}
-	for _, k := range []struct{ what, path string }{{"kernel", s.Kernel}, {"initrd", s.Initrd}} {
-		if k.path != "" && !fsutil.Within(k.path, l.Images()) {
-			errs = append(errs, fmt.Errorf("%s %q is not in the image store %s", k.what, k.path, l.Images()))
+	// The kernel and initrd are the base image's, or an imported
+	// instance's own copies (abox import carries them).
+	f := l.Instance(s.Name)
+	for _, k := range []struct{ what, path, own string }{{"kernel", s.Kernel, f.Kernel}, {"initrd", s.Initrd, f.Initrd}} {
+		if k.path != "" && k.path != k.own && !fsutil.Within(k.path, l.Images()) {
+			errs = append(errs, fmt.Errorf("%s %q is not in the image store %s nor the instance's own copy", k.what, k.path, l.Images()))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

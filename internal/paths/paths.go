@@ -102,6 +102,11 @@ type Instance struct {
 	// TapLock is held shared by every running tap (the last one turns the
 	// TLS key log off).
 	TapLock string
+	// BootDir holds an imported instance's own kernel and initrd (direct
+	// kernel boot without the base image it was created from).
+	BootDir string
+	Kernel  string
+	Initrd  string
 }
 
 // Instance returns the files of instance name.
@@ -137,6 +142,10 @@ func (l Layout) Instance(name string) Instance {
 		MonitorAgent:    filepath.Join(run, "monitor-agent.json"),
 		MonitorAgentLog: filepath.Join(logs, "monitor-agent.log"),
 		TapLock:         filepath.Join(run, "tap.lock"),
+
+		BootDir: filepath.Join(dir, "boot"),
+		Kernel:  filepath.Join(dir, "boot", "kernel"),
+		Initrd:  filepath.Join(dir, "boot", "initrd"),
 	}
 }
 

@@ -1,0 +1,250 @@
+package archive
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// ent is one crafted tar entry.
+type ent struct {
+	hdr  tar.Header
+	body []byte
+}
+
+func reg(name string, body string) ent {
+	return ent{hdr: tar.Header{Typeflag: tar.TypeReg, Name: name, Size: int64(len(body)), Mode: 0o600}, body: []byte(body)}
+}
+
+func manifestJSON(t testing.TB, files ...File) []byte {
+	t.Helper()
+	b, err := json.Marshal(Manifest{Format: Format, Version: Version, State: json.RawMessage(`{"name":"dev"}`), Files: files})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// craft writes entries as a gzip'd tar, raw: nothing checks them.
+func craft(t testing.TB, ents ...ent) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	for _, e := range ents {
+		h := e.hdr
+		if err := tw.WriteHeader(&h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(e.body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := gz.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// good is a valid archive: manifest, allowlist, disk.
+func good(t testing.TB) []byte {
+	return craft(t,
+		reg(ManifestName, string(manifestJSON(t, File{Allowlist, 4}, File{DiskQCOW2, 5}))),
+		reg(Allowlist, "a.b\n"), reg(DiskQCOW2, "QFI\xfb!"))
+}
+
+// readAll reads every entry, returning their bodies or the first error.
+func readAll(data []byte) (map[string]string, error) {
+	r, err := NewReader(bytes.NewReader(data))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for {
+		f, er, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		b, err := io.ReadAll(er)
+		if err != nil {
+			return nil, err
+		}
+		out[f.Name] = string(b)
+	}
+}
+
+func TestReadsAGoodArchive(t *testing.T) {
+	got, err := readAll(good(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[Allowlist] != "a.b\n" || got[DiskQCOW2] != "QFI\xfb!" {
+		t.Errorf("entries = %q", got)
+	}
+}
+
+// TestRefusesHostileArchives crafts one archive per class of attack the
+// importer must refuse, and checks the reason names it.
+func TestRefusesHostileArchives(t *testing.T) {
+	m := func(files ...File) string { return string(manifestJSON(t, files...)) }
+	disk := File{DiskQCOW2, 5}
+	withType := func(name string, typ byte, link string) ent {
+		return ent{hdr: tar.Header{Typeflag: typ, Name: name, Linkname: link, Mode: 0o600}}
+	}
+	goodBytes := good(t)
+	cases := []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"not gzip", []byte("PK\x03\x04 a zip"), "not a gzip stream"},
+		{"manifest not first", craft(t, reg(Allowlist, "a.b\n"), reg(ManifestName, m(disk))), "first entry is"},
+		{"unknown version", craft(t, reg(ManifestName, `{"format":"abox-instance-archive","version":2,"state":{}}`)), "manifest version 2 is not one this abox reads"},
+		{"not an abox archive", craft(t, reg(ManifestName, `{"format":"other","version":1}`)), "not an abox instance archive"},
+		{"unknown manifest field", craft(t, reg(ManifestName, `{"format":"abox-instance-archive","version":1,"state":{},"files":[{"name":"disk.qcow2","size":0}],"extra":1}`)), "unknown field"},
+		{"manifest without state", craft(t, reg(ManifestName, `{"format":"abox-instance-archive","version":1,"files":[{"name":"disk.qcow2","size":0}]}`)), "no instance state"},
+		{"oversized manifest", craft(t, reg(ManifestName, strings.Repeat(" ", MaxManifest+1))), "manifest is"},
+		{"path traversal", craft(t, reg(ManifestName, m(disk)), reg("../../etc/cron.d/x", "x")), "path traversal"},
+		{"path traversal in manifest", craft(t, reg(ManifestName, m(File{"ssh/../../x", 1}, disk))), "path traversal"},
+		{"absolute path", craft(t, reg(ManifestName, m(disk)), reg("/etc/passwd", "x")), "absolute path"},
+		{"unclean path", craft(t, reg(ManifestName, m(disk)), reg("ssh//id_ed25519", "x")), "not a clean path"},
+		{"unknown entry", craft(t, reg(ManifestName, m(disk)), reg("evil.sh", "x")), "not one an abox archive holds"},
+		{"symlink", craft(t, reg(ManifestName, m(File{SSHKey, 0}, disk)), withType(SSHKey, tar.TypeSymlink, "/root/.ssh/id_ed25519")), "symbolic link"},
+		{"hardlink", craft(t, reg(ManifestName, m(File{SSHKey, 0}, disk)), withType(SSHKey, tar.TypeLink, "/etc/shadow")), "hard link"},
+		{"char device", craft(t, reg(ManifestName, m(disk)), withType(DiskQCOW2, tar.TypeChar, "")), "a device"},
+		{"block device", craft(t, reg(ManifestName, m(disk)), withType(DiskQCOW2, tar.TypeBlock, "")), "a device"},
+		{"fifo", craft(t, reg(ManifestName, m(disk)), withType(DiskQCOW2, tar.TypeFifo, "")), "a FIFO"},
+		{"directory", craft(t, reg(ManifestName, m(disk)), withType("ssh", tar.TypeDir, "")), "a directory"},
+		{"duplicate entry", craft(t, reg(ManifestName, m(File{Allowlist, 1}, disk)), reg(Allowlist, "a"), reg(Allowlist, "b")), "appears twice"},
+		{"duplicate in manifest", craft(t, reg(ManifestName, m(File{Allowlist, 1}, File{Allowlist, 1}, disk))), "lists \"allowlist.txt\" twice"},
+		{"entry not in manifest", craft(t, reg(ManifestName, m(disk)), reg(Allowlist, "a"), reg(DiskQCOW2, "QFI\xfb!")), "where the manifest lists disk.qcow2"},
+		{"entry after the last", craft(t, reg(ManifestName, m(disk)), reg(DiskQCOW2, "QFI\xfb!"), reg(Allowlist, "a")), "after the last one"},
+		{"missing entry", craft(t, reg(ManifestName, m(File{Allowlist, 1}, disk)), reg(Allowlist, "a")), "ends before disk.qcow2"},
+		{"size differs from manifest", craft(t, reg(ManifestName, m(File{DiskQCOW2, 3})), reg(DiskQCOW2, "QFI\xfb!")), "the manifest says 3"},
+		{"oversized entry", craft(t, reg(ManifestName, m(File{SSHKey, 2 << 20}, disk))), "over the"},
+		{"no disk", craft(t, reg(ManifestName, m(File{Allowlist, 1}))), "exactly one disk"},
+		{"two disks", craft(t, reg(ManifestName, m(File{DiskRaw, 1}, disk))), "exactly one disk"},
+		{"truncated inside an entry", goodBytes[:len(goodBytes)-30], "truncated"},
+		{"data after the stream", append(append([]byte{}, goodBytes...), "trailing"...), "after the compressed stream"},
+		{"second gzip member", append(append([]byte{}, goodBytes...), good(t)...), "after the compressed stream"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := readAll(c.data)
+			var ae *Error
+			if !errors.As(err, &ae) {
+				t.Fatalf("read = %v, want an archive refusal containing %q", err, c.want)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("read = %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestTruncatedEntryFailsTheEntry: a stream cut inside the disk fails the
+// disk's read, so the importer never takes a short disk for a whole one.
+func TestTruncatedEntryFailsTheEntry(t *testing.T) {
+	big := strings.Repeat("x", 1<<20)
+	data := craft(t, reg(ManifestName, string(manifestJSON(t, File{DiskRaw, int64(len(big))}))), reg(DiskRaw, big))
+	for _, cut := range []int{len(data) / 2, len(data) - 8} {
+		_, err := readAll(data[:cut])
+		if err == nil || !strings.Contains(err.Error(), "truncated") {
+			t.Errorf("cut at %d of %d: %v, want truncated", cut, len(data), err)
+		}
+	}
+}
+
+func TestCorruptChecksumIsRefused(t *testing.T) {
+	data := good(t)
+	// The gzip trailer's CRC32 is the 8 bytes before the size.
+	data[len(data)-8] ^= 0xff
+	if _, err := readAll(data); err == nil {
+		t.Fatal("an archive with a bad gzip checksum was read")
+	}
+}
+
+func TestWriterRoundTripAndAtomicity(t *testing.T) {
+	dir := t.TempDir()
+	dest := filepath.Join(dir, "dev.abox")
+	m := Manifest{State: json.RawMessage(`{"name":"dev"}`), Files: []File{{Allowlist, 4}, {DiskQCOW2, 3}}}
+	w, err := Create(dest, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Add(Allowlist, strings.NewReader("a.b\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dest); err == nil {
+		t.Fatal("the archive exists before Commit")
+	}
+	// A disk that ends early (changed meanwhile) fails, and Abort leaves
+	// no file at all.
+	if err := w.Add(DiskQCOW2, strings.NewReader("ab")); err == nil {
+		t.Fatal("a short entry was written")
+	}
+	w.Abort()
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("an aborted export left %v", ents)
+	}
+
+	w, err = Create(dest, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []struct{ n, b string }{{Allowlist, "a.b\n"}, {DiskQCOW2, "abc"}} {
+		if err := w.Add(e.n, strings.NewReader(e.b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(dest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("archive mode %v, want 0600 (it holds private keys)", fi.Mode().Perm())
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("directory holds %v, want the archive only", ents)
+	}
+	data, err := os.ReadFile(dest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := readAll(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[Allowlist] != "a.b\n" || got[DiskQCOW2] != "abc" {
+		t.Errorf("read back %q", got)
+	}
+}
+
+func TestNextRefusesAnUnreadEntry(t *testing.T) {
+	r, err := NewReader(bytes.NewReader(good(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := r.Next(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := r.Next(); err == nil {
+		t.Fatal("Next skipped an entry the caller had not read")
+	}
+}

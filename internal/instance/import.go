@@ -1,0 +1,538 @@
+package instance
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/archive"
+	"github.com/abox-dev/abox/internal/ca"
+	"github.com/abox-dev/abox/internal/config"
+	"github.com/abox-dev/abox/internal/egress"
+	"github.com/abox-dev/abox/internal/fsutil"
+	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/termtext"
+	"github.com/abox-dev/abox/internal/tetragon"
+	"github.com/abox-dev/abox/internal/upstream"
+	"github.com/abox-dev/abox/internal/validate"
+)
+
+// ImportOptions are abox import's choices.
+type ImportOptions struct {
+	// Name is the new instance's name; empty keeps the archive's.
+	Name string
+	// Trust accepts settings that widen the sandbox beyond a fresh create
+	// (see WideningError); without it such an archive is refused.
+	Trust bool
+}
+
+// WideningError refuses an archive whose settings widen the sandbox
+// beyond what a fresh `abox create` gives, as an untrusted abox.yaml is.
+type WideningError struct {
+	File      string
+	Widenings []config.Widening
+}
+
+func (e *WideningError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "importing %s: the archive widens the sandbox beyond a fresh `abox create`:", e.File)
+	for _, w := range e.Widenings {
+		// Why quotes the archive's values (a credentials path is any
+		// string): nothing of it may steer the terminal.
+		fmt.Fprintf(&b, "\n  %s: %s", w.Key, termtext.Clean(w.Why))
+	}
+	b.WriteString("\nimport it only if you trust where it came from: run again with --trust")
+	return b.String()
+}
+
+// freshFields are the State fields an import never takes from the
+// archive: the instance's identity and its network identity, allocated
+// on this host as create allocates them.
+var freshFields = []string{"Name", "UUID", "CreatedAt", "Subnet", "Gateway", "GuestIP", "Bridge", "MAC"}
+
+// Import makes a new instance from the archive file, read as hostile
+// input (see internal/archive): every entry is checked, the state is
+// checked like create's flags, the disk must be a plain standalone qcow2
+// or raw image, and settings that widen the sandbox need o.Trust. The
+// network identity is allocated fresh. On any failure nothing is left.
+func (m *Manager) Import(ctx context.Context, file string, o ImportOptions) (st State, warnings []string, err error) {
+	fh, err := openRegular(file)
+	if err != nil {
+		return State{}, nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	defer fh.Close()
+	rd, err := archive.NewReader(fh)
+	if err != nil {
+		return State{}, nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	man := rd.Manifest()
+	var src State
+	dec := json.NewDecoder(bytes.NewReader(man.State))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&src); err != nil {
+		return State{}, nil, fmt.Errorf("importing %s: reading the instance state: %w (an archive of another abox version?)", file, err)
+	}
+	name := o.Name
+	if name == "" {
+		name = src.Name
+	}
+	if err := validate.InstanceName(name); err != nil {
+		return State{}, nil, fmt.Errorf("importing %s: %w (give another with --name)", file, err)
+	}
+	if err := m.importCollision(ctx, name); err != nil {
+		return State{}, nil, err
+	}
+	has := map[string]bool{}
+	for _, f := range man.Files {
+		has[f.Name] = true
+	}
+	if st, err = importedState(m, src, name, has); err != nil {
+		return State{}, nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	f := m.Layout.Instance(name)
+
+	var undo undoStack
+	defer func() {
+		if err != nil {
+			if uerr := undo.run(context.WithoutCancel(ctx)); uerr != nil {
+				err = fmt.Errorf("%w (and rolling back: %v)", err, uerr)
+			}
+		}
+	}()
+	for _, d := range []string{m.Layout.Root, m.Layout.Instances()} {
+		if err = os.MkdirAll(d, 0o711); err != nil {
+			return State{}, nil, err
+		}
+	}
+	// Everything is unpacked into a staging directory that no listing
+	// takes for an instance (names start with a letter), renamed into
+	// place under the global lock once it all checked out.
+	stage, err := os.MkdirTemp(m.Layout.Instances(), ".import-*")
+	if err != nil {
+		return State{}, nil, err
+	}
+	undo.push("remove staging directory", func(context.Context) error { return os.RemoveAll(stage) })
+	staged := func(p string) string { return filepath.Join(stage, strings.TrimPrefix(p, f.Dir)) }
+	for _, d := range []struct {
+		path string
+		qemu bool
+	}{{stage, true}, {staged(f.LogsDir), true}, {staged(f.BootDir), true}, {staged(filepath.Dir(f.SSHKey)), false}, {staged(f.RunDir), false}, {staged(f.CADir), false}} {
+		if d.qemu {
+			err = makeQEMUDir(d.path)
+		} else {
+			err = makePrivateDir(d.path)
+		}
+		if err != nil {
+			return State{}, nil, err
+		}
+	}
+
+	targets := map[string]string{}
+	for _, af := range m.archiveFiles(st) {
+		targets[af.name] = staged(af.path)
+	}
+	bundleTmp := filepath.Join(stage, archive.MonitorBundle)
+	if st.MonitorBundle != nil {
+		targets[archive.MonitorBundle] = bundleTmp
+	}
+	for {
+		ent, r, nerr := rd.Next()
+		if errors.Is(nerr, io.EOF) {
+			break
+		}
+		if nerr != nil {
+			return State{}, nil, fmt.Errorf("importing %s: %w", file, nerr)
+		}
+		if archive.IsDisk(ent.Name) {
+			// The disk is last: decide on trust before reading gigabytes.
+			if err = m.checkTrust(file, st, staged(f.Allowlist), o.Trust); err != nil {
+				return State{}, nil, err
+			}
+			targets[ent.Name] = filepath.Join(stage, ent.Name)
+			r = m.progressReader(r, "importing "+name+": disk", ent.Size)
+		}
+		dst, ok := targets[ent.Name]
+		if !ok {
+			return State{}, nil, fmt.Errorf("importing %s: the archive carries %s, which the instance's state does not use", file, ent.Name)
+		}
+		if err = writeNewFile(dst, r); err != nil {
+			return State{}, nil, fmt.Errorf("importing %s: %s: %w", file, ent.Name, err)
+		}
+		delete(targets, ent.Name)
+	}
+	delete(targets, archive.DiskQCOW2)
+	delete(targets, archive.DiskRaw)
+	for n := range targets {
+		return State{}, nil, fmt.Errorf("importing %s: the archive lacks %s, which the instance's state needs", file, n)
+	}
+
+	disk := man.Files[len(man.Files)-1]
+	if err = m.checkDisk(ctx, filepath.Join(stage, disk.Name), disk.Name, st.DiskGiB); err != nil {
+		return State{}, nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	if disk.Name == archive.DiskRaw {
+		if _, err = m.Run.Run(ctx, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", filepath.Join(stage, disk.Name), staged(f.Disk)); err != nil {
+			return State{}, nil, fmt.Errorf("importing %s: converting the raw disk: %w", file, err)
+		}
+		if err = os.Remove(filepath.Join(stage, disk.Name)); err != nil {
+			return State{}, nil, err
+		}
+	} else if err = os.Rename(filepath.Join(stage, disk.Name), staged(f.Disk)); err != nil {
+		return State{}, nil, err
+	}
+	if err = os.Chmod(staged(f.Disk), PrivateFile); err != nil {
+		return State{}, nil, err
+	}
+
+	var in SeedInput
+	if in.AuthorizedKey, err = importSSHKey(staged(f.SSHKey), "abox-"+name); err != nil {
+		return State{}, nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	authority, err := ca.New(ca.Config{Dir: staged(f.CADir)})
+	if err == nil {
+		in.CACertPEM, err = authority.CertPEM()
+	}
+	if err != nil {
+		return State{}, nil, fmt.Errorf("importing %s: the instance CA: %w", file, err)
+	}
+	if st.MonitorBundle != nil {
+		if err = m.importBundle(st.MonitorBundle, bundleTmp, &undo); err != nil {
+			return State{}, nil, fmt.Errorf("importing %s: %w", file, err)
+		}
+	}
+
+	unlock, err := globalLock(m.Layout)
+	if err != nil {
+		return State{}, nil, err
+	}
+	defer unlock()
+	if err = m.importCollision(ctx, name); err != nil {
+		return State{}, nil, err
+	}
+	if st.Subnet, err = m.allocateSubnet(ctx, netip.Prefix{}); err != nil {
+		return State{}, nil, err
+	}
+	st.Gateway, st.GuestIP = libvirt.InstanceAddresses(st.Subnet)
+	if st.Bridge, err = m.allocateBridge(name); err != nil {
+		return State{}, nil, err
+	}
+	if st.MAC, err = m.allocateMAC(); err != nil {
+		return State{}, nil, err
+	}
+	if err = st.validate(m.Layout); err != nil {
+		return State{}, nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	if err = os.Rename(stage, f.Dir); err != nil {
+		return State{}, nil, fmt.Errorf("importing %s: %w", file, err)
+	}
+	undo.push("remove instance directory", func(context.Context) error { return os.RemoveAll(f.Dir) })
+	m.progress("importing %s: subnet %s, bridge %s, accel %s", name, st.Subnet, st.Bridge, st.Accel)
+
+	// A fresh host key (the old one lived only in the old seed), and a
+	// seed for the new address: the new UUID gives a new cloud-init
+	// instance-id, so the guest applies the new network and host key on
+	// its first boot here.
+	in.State = st
+	if in.HostKeyPEM, in.HostPublicKey, err = newHostKey(); err != nil {
+		return State{}, nil, err
+	}
+	if err = fsutil.WriteFileAtomic(f.KnownHosts, []byte(fmt.Sprintf("%s %s\n", st.GuestIP, in.HostPublicKey)), PrivateFile); err != nil {
+		return State{}, nil, err
+	}
+	if err = m.Seeds.WriteSeed(ctx, f.Seed, in); err != nil {
+		return State{}, nil, fmt.Errorf("importing %s: cloud-init seed: %w", file, err)
+	}
+	if err = os.Chmod(f.Seed, PrivateFile); err != nil {
+		return State{}, nil, err
+	}
+	if warnings, err = m.define(ctx, st, &undo); err != nil {
+		return State{}, nil, err
+	}
+	if err = Save(m.Layout, st); err != nil {
+		return State{}, nil, err
+	}
+	return st, warnings, nil
+}
+
+// importCollision refuses a name that an instance or a libvirt domain has.
+func (m *Manager) importCollision(ctx context.Context, name string) error {
+	if _, err := os.Stat(m.Layout.Instance(name).State); err == nil {
+		return fmt.Errorf("importing as %s: an instance of that name exists; import under another name with --name NEW (or remove it first: abox remove %s)", name, name)
+	}
+	if _, err := m.Hypervisor.State(ctx, libvirt.DomainName(name)); !errors.Is(err, libvirt.ErrNotFound) {
+		if err != nil {
+			return fmt.Errorf("importing as %s: %w", name, err)
+		}
+		return fmt.Errorf("importing as %s: libvirt already has a domain %s not known to abox; import under another name with --name NEW", name, libvirt.DomainName(name))
+	}
+	return nil
+}
+
+// importedState is src as the new instance name: the fresh fields zero
+// (allocated later) or new, the paths it names rewritten to the new
+// instance's own files, every value checked as create checks its flags.
+// has is the set of entries the archive carries.
+func importedState(m *Manager, src State, name string, has map[string]bool) (State, error) {
+	st := src
+	st.Name, st.UUID, st.CreatedAt = name, newUUID(), time.Now().UTC()
+	st.Subnet, st.Gateway, st.GuestIP, st.Bridge, st.MAC = netip.Prefix{}, netip.Addr{}, netip.Addr{}, "", ""
+	f := m.Layout.Instance(name)
+	var errs []error
+	need := func(entry string, set bool, what string) {
+		if set && !has[entry] {
+			errs = append(errs, fmt.Errorf("the state names %s but the archive lacks %s", what, entry))
+		}
+		if !set && has[entry] {
+			errs = append(errs, fmt.Errorf("the archive carries %s but the state names no %s", entry, what))
+		}
+	}
+	need(archive.UpstreamCA, st.UpstreamCA != "", "an upstream CA")
+	need(archive.Kernel, st.Kernel != "", "a kernel")
+	need(archive.Initrd, st.Initrd != "", "an initrd")
+	need(archive.MonitorBundle, st.MonitorBundle != nil, "a monitor bundle")
+	for _, e := range []string{archive.Allowlist, archive.CACert, archive.CAKey, archive.SSHKey} {
+		if !has[e] {
+			errs = append(errs, fmt.Errorf("the archive lacks %s", e))
+		}
+	}
+	if st.UpstreamCA != "" {
+		st.UpstreamCA = filepath.Join(f.Dir, "upstream-ca.pem")
+	}
+	if st.Kernel != "" {
+		st.Kernel = f.Kernel
+	}
+	if st.Initrd != "" {
+		st.Initrd = f.Initrd
+	}
+	if st.MonitorBundle != nil {
+		b := *st.MonitorBundle
+		st.MonitorBundle = &b
+		if !st.Monitor {
+			errs = append(errs, errors.New("a monitor bundle without the monitor"))
+		}
+	}
+	// What create's flags would have refused.
+	if _, err := withDefaults(Spec{Name: name, Base: st.Base, CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, DiskGiB: st.DiskGiB, User: st.User, Accel: st.Accel, MITMExceptions: st.MITMExceptions}); err != nil {
+		errs = append(errs, err)
+	}
+	if err := validate.InstanceName(st.Base); err != nil {
+		errs = append(errs, fmt.Errorf("base %q: %w", st.Base, err))
+	}
+	if st.CPUs == 0 || st.DiskGiB == 0 || st.User == "" {
+		errs = append(errs, errors.New("cpus, disk and user must be set"))
+	}
+	if st.Accel != "kvm" && st.Accel != "tcg" {
+		errs = append(errs, fmt.Errorf("accel %q: want kvm or tcg", st.Accel))
+	}
+	if st.ProxyPort != DefaultProxyPort {
+		errs = append(errs, fmt.Errorf("proxy port %d: abox uses %d", st.ProxyPort, DefaultProxyPort))
+	}
+	for _, u := range st.Upstreams {
+		if _, err := upstream.ParseServer(u); err != nil {
+			errs = append(errs, fmt.Errorf("upstream %q: %w", u, err))
+		}
+	}
+	if st.UpstreamProxy != "" {
+		if _, err := egress.NewParentProxy(st.UpstreamProxy, ""); err != nil {
+			errs = append(errs, err)
+		}
+		if c := st.UpstreamProxyCredentials; c != "" && !filepath.IsAbs(c) {
+			errs = append(errs, fmt.Errorf("upstream proxy credentials %q: want an absolute path", c))
+		}
+	} else if st.UpstreamProxyCredentials != "" {
+		errs = append(errs, errors.New("upstream proxy credentials without an upstream proxy"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return State{}, fmt.Errorf("the archive's instance settings are refused: %w", err)
+	}
+	return st, nil
+}
+
+// ImportWidenings lists what in st (an archive's settings) and its
+// allowlist widens the sandbox beyond a fresh create: abox.yaml's trust
+// rule (config.Config.Widenings), plus --allow-host, which abox.yaml has
+// no key for.
+func ImportWidenings(st State, allow []allowlist.Entry) []config.Widening {
+	c := config.Config{
+		CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, DiskGiB: st.DiskGiB, Allowlist: allow,
+		Ports: st.Ports, AllowPrivate: st.AllowPrivate, NoMITM: st.NoMITM, MITMExceptions: st.MITMExceptions,
+		Upstreams: st.Upstreams, ProxyCredentials: st.UpstreamProxyCredentials,
+	}
+	if st.Template != "" {
+		c.Template = "the archive's domain template"
+	}
+	if st.UpstreamCA != "" {
+		c.UpstreamCA = "the archive's " + archive.UpstreamCA
+	}
+	if st.UpstreamProxy != "" {
+		if u, err := url.Parse(st.UpstreamProxy); err == nil {
+			c.UpstreamProxy = u
+		}
+	}
+	out := c.Widenings()
+	if len(st.AllowHost) > 0 {
+		var s []string
+		for _, p := range st.AllowHost {
+			s = append(s, p.String())
+		}
+		out = append(out, config.Widening{Key: "allow_host", Why: "lets the guest reach host addresses " + strings.Join(s, ", ")})
+	}
+	return out
+}
+
+// checkTrust refuses st unless it widens nothing or the user trusts it.
+func (m *Manager) checkTrust(file string, st State, allowFile string, trust bool) error {
+	fh, err := os.Open(allowFile)
+	if err != nil {
+		return fmt.Errorf("importing %s: the allowlist: %w", file, err)
+	}
+	defer fh.Close()
+	list, err := allowlist.Parse(fh, archive.Allowlist)
+	if err != nil {
+		return fmt.Errorf("importing %s: %w", file, err)
+	}
+	w := ImportWidenings(st, list.Entries())
+	if len(w) == 0 {
+		return nil
+	}
+	if !trust {
+		return &WideningError{File: file, Widenings: w}
+	}
+	for _, x := range w {
+		m.progress("importing %s: trusted: %s: %s", st.Name, x.Key, x.Why)
+	}
+	return nil
+}
+
+// checkDisk refuses a disk that is not a plain standalone image of the
+// format its entry names: qemu-img probes it (a "raw" file that probes as
+// qcow2 is the format-confusion attack), and a backing file or external
+// data file would make QEMU open a host path of the archive's choosing.
+func (m *Manager) checkDisk(ctx context.Context, path, entry string, diskGiB uint) error {
+	want := "qcow2"
+	if entry == archive.DiskRaw {
+		want = "raw"
+	}
+	out, err := m.Run.Run(ctx, "qemu-img", "info", "--output=json", path)
+	if err != nil {
+		return fmt.Errorf("the disk: %w", err)
+	}
+	var info struct {
+		Format          string `json:"format"`
+		VirtualSize     int64  `json:"virtual-size"`
+		BackingFilename string `json:"backing-filename"`
+		FullBacking     string `json:"full-backing-filename"`
+		Encrypted       bool   `json:"encrypted"`
+		Specific        struct {
+			Data struct {
+				DataFile string `json:"data-file"`
+			} `json:"data"`
+		} `json:"format-specific"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil {
+		return fmt.Errorf("the disk: reading qemu-img info: %w", err)
+	}
+	switch {
+	case info.Format != want:
+		return fmt.Errorf("the disk %s is a %q image, want plain %s", entry, info.Format, want)
+	case info.BackingFilename != "" || info.FullBacking != "":
+		return fmt.Errorf("the disk %s has a backing file %q: an archive's disk must stand alone (abox export flattens it)", entry, info.BackingFilename)
+	case info.Specific.Data.DataFile != "":
+		return fmt.Errorf("the disk %s has an external data file %q: an archive's disk must stand alone", entry, info.Specific.Data.DataFile)
+	case info.Encrypted:
+		return fmt.Errorf("the disk %s is encrypted", entry)
+	case info.VirtualSize <= 0 || info.VirtualSize > int64(diskGiB)<<30:
+		return fmt.Errorf("the disk %s is %d bytes, not within the state's %d GiB", entry, info.VirtualSize, diskGiB)
+	}
+	return nil
+}
+
+// importSSHKey checks the carried private key (an unencrypted ed25519
+// OpenSSH key) and writes its public half next to it; it returns the
+// authorized_keys line.
+func importSSHKey(path, comment string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	k, err := ssh.ParseRawPrivateKey(b)
+	if err != nil {
+		return "", fmt.Errorf("the ssh key: %w", err)
+	}
+	priv, ok := k.(*ed25519.PrivateKey)
+	if !ok {
+		return "", fmt.Errorf("the ssh key is a %T, want ed25519", k)
+	}
+	pub, err := ssh.NewPublicKey(priv.Public())
+	if err != nil {
+		return "", fmt.Errorf("the ssh key: %w", err)
+	}
+	line := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(pub))) + " " + comment
+	return line, writeNewFile(path+".pub", strings.NewReader(line+"\n"))
+}
+
+// importBundle puts the carried monitor bundle into the host's agent
+// cache, checked as any bundle is, and holds it to the state's checksum.
+// A bundle the cache did not hold before is removed again on rollback.
+func (m *Manager) importBundle(b *MonitorBundle, tmp string, undo *undoStack) error {
+	cache := tetragon.Cache{Dir: m.Layout.AgentCache()}
+	_, statErr := os.Stat(cache.Path(b.SHA256))
+	path, info, err := cache.Import(tmp, b.Source)
+	if err != nil {
+		return err
+	}
+	if errors.Is(statErr, fs.ErrNotExist) {
+		undo.push("remove imported monitor bundle", func(context.Context) error { return os.Remove(path) })
+	}
+	if info.SHA256 != b.SHA256 {
+		return fmt.Errorf("the monitor bundle's sha256 is %s, the state says %s", info.SHA256, b.SHA256)
+	}
+	b.Path, b.Prefix, b.Size, b.BPFObjects = path, info.Prefix, info.Size, info.BPFObjects
+	return os.Remove(tmp)
+}
+
+// writeNewFile writes r to a new file at path (0600, never through an
+// existing file or link).
+func writeNewFile(path string, r io.Reader) error {
+	fh, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, PrivateFile)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(fh, r); err != nil {
+		fh.Close()
+		return err
+	}
+	return fh.Close()
+}
+
+// openRegular opens a regular file for reading (never blocking on a FIFO).
+func openRegular(file string) (*os.File, error) {
+	fh, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := fh.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%s is not a regular file", file)
+	}
+	if err != nil {
+		fh.Close()
+		return nil, err
+	}
+	return fh, nil
+}
