@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // FuzzTunnelHello: whatever a guest sends into a byte tunnel (--no-mitm)
@@ -239,5 +240,59 @@ func TestFuzzTunnelReachesOrigins(t *testing.T) {
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("seed %d (retry %v): the origin read %v, want %v: %+v", tc.seed, tc.hrr, got, tc.want, hellos)
 		}
+	}
+}
+
+// TestTunnelKilobyteHellosEnd: the hellos that held the fuzzer at
+// 0 execs/s (testdata/fuzz/FuzzTunnelHello holds two it was minimizing)
+// are kilobytes long, and the minimizer is quadratic in the length; the
+// tunnel itself served each of them at once. Hellos of that class, and
+// larger, split into a record per byte, behind ChangeCipherSpec and early
+// data, retried, truncated or followed by more, end their tunnel as soon
+// as the guest is done: the fuzz proxy gives a tunnel an hour to read a
+// hello, so one that waits on a timer fails run's watchdog here.
+func TestTunnelKilobyteHellosEnd(t *testing.T) {
+	fp := newFuzzProxy(t, true)
+	if fp.p.cfg.HandshakeTimeout < time.Hour {
+		t.Fatalf("the tunnel fuzz proxy reads hellos within %v: a tunnel waiting on that timer would pass unseen", fp.p.cfg.HandshakeTimeout)
+	}
+	connect := []byte("CONNECT " + tunnelHost + ":443 HTTP/1.1\r\n\r\n")
+	good := tunnelSeeds(t)[0]
+	// perByte is good with every byte of its handshake message in a
+	// record of its own.
+	var perByte []byte
+	for _, c := range good[recordHeaderLen:] {
+		perByte = append(perByte, recordHandshake, 3, 1, 0, 1, c)
+	}
+	ccs := bytes.Repeat([]byte{recordCCS, 3, 3, 0, 1, 1}, 1000)
+	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		hrr  bool
+		want []string
+	}{
+		{"kilobyte hello", good, false, []string{"hello1"}},
+		{"a record per byte", perByte, false, []string{"hello1"}},
+		{"a record per byte, retried", cat(perByte, ccs, perByte), true, []string{"hello1", "hello2"}},
+		{"retried behind 1000 ChangeCipherSpec", cat(good, ccs, good), true, []string{"hello1", "hello2"}},
+		{"retry cut short", cat(good, ccs, perByte[:len(perByte)/2]), true, []string{"hello1"}},
+		{"hello cut short", perByte[:len(perByte)-1], false, nil},
+		{"hello and a megabyte", cat(good, bytes.Repeat([]byte{recordAppData, 0x40, 0, 0, 0}, 200<<10)), false, []string{"hello1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fp.origins.hrr = tc.hrr
+			_, hellos, _ := fp.run(t, cat(connect, tc.b))
+			var got []string
+			for _, h := range hellos {
+				if h.err != nil || !strings.EqualFold(h.host, tunnelHost) {
+					t.Errorf("the origin's %s: host %q, %v", h.method, h.host, h.err)
+				}
+				got = append(got, h.method)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("the origin read %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
