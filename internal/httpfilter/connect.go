@@ -22,10 +22,12 @@ import (
 // answers the healthcheck itself.
 func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *record) {
 	t, err := egress.ParseAuthority(r.Host, 0)
-	if err == nil && (r.RequestURI == "" || r.RequestURI[0] == '/') {
+	if err == nil && r.RequestURI != r.Host {
 		// RFC 9110 9.3.6: a CONNECT names its target in authority form.
 		// net/http also takes "CONNECT /path" and then uses the Host
-		// header: a target that is no authority is refused, not guessed.
+		// header, and reads "CONNECT a:1/p", "a:1?q" and "u@a:1" as URLs
+		// whose host it keeps: a target that is not exactly host:port is
+		// refused, not guessed (TestConnectNeedsAuthorityForm).
 		err = fmt.Errorf("%w: CONNECT target %q is not host:port", egress.ErrInvalidTarget, r.RequestURI)
 	}
 	if err != nil {

@@ -284,6 +284,7 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.Header.Del("Proxy-Authorization")
 	pr.Out.Header.Del("Proxy-Connection")
 	pr.Out.Header.Del("Proxy-Authenticate")
+	removeRoutingFields(pr.Out.Header)
 }
 
 var errUnchecked = errors.New("dialing upstream: no checked target for this request")

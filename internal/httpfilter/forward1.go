@@ -532,9 +532,7 @@ func (p *Proxy) outbound(r *http.Request, st *fwdState) *http.Request {
 	if keepTE {
 		h["Te"] = []string{"trailers"}
 	}
-	delete(h, "X-Forwarded-For")
-	delete(h, "X-Forwarded-Host")
-	delete(h, "X-Forwarded-Proto")
+	removeRoutingFields(h)
 	if _, ok := h["User-Agent"]; !ok {
 		h["User-Agent"] = []string{""}
 	}
@@ -548,12 +546,83 @@ func (p *Proxy) outbound(r *http.Request, st *fwdState) *http.Request {
 		Header:        h,
 		Host:          hostHeader(t, auth, st.defaultPort),
 		ContentLength: r.ContentLength,
-		Trailer:       r.Trailer,
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		out.Body = r.Body
+		if len(r.Trailer) > 0 {
+			out.Trailer, out.Body = forwardTrailer(r)
+		}
 	}
 	return out
+}
+
+// removeRoutingFields drops the fields by which a client names, to the
+// servers behind the next hop, another host than the one it connects to:
+// Forwarded (RFC 7239), every X-Forwarded-* and the host overrides
+// frameworks and CDNs honour. The proxy decided the request's host; an
+// origin that fronts many (a CDN, a reverse proxy trusting its peers)
+// must not be told another one by the guest (TestRoutingFieldsDropped).
+func removeRoutingFields(h http.Header) {
+	for k := range h {
+		if isRoutingField(k) {
+			delete(h, k)
+		}
+	}
+}
+
+// isRoutingField reports whether the canonical field name k is one that
+// removeRoutingFields drops.
+func isRoutingField(k string) bool {
+	switch k {
+	case "Forwarded", "X-Forwarded", "X-Host", "X-Original-Host", "X-Http-Host-Override", "X-Real-Host":
+		return true
+	}
+	return strings.HasPrefix(k, "X-Forwarded-")
+}
+
+// forwardTrailer returns the trailer the upstream request declares, with
+// only the fields r declared that a trailer may carry, and a body that
+// fills it in from r's trailer once r's body is read (net/http merges the
+// received trailer into r.Trailer before the body reports EOF, and writes
+// the outgoing one after that). A field that routes, frames, authenticates
+// or is hop-by-hop (Host, Content-Length, Authorization, Forwarded,
+// Connection, ...; RFC 9110 6.5.1) must not be taken from a trailer, and an
+// origin that merged it into the header would: it is never sent, nor is
+// any field the guest sent without declaring it (TestTrailerFieldsFiltered).
+func forwardTrailer(r *http.Request) (http.Header, io.ReadCloser) {
+	var decl http.Header
+	for k := range r.Trailer {
+		ck := textproto.CanonicalMIMEHeaderKey(k)
+		if !httpguts.ValidTrailerHeader(ck) || isHopHeader(ck) || isRoutingField(ck) {
+			continue
+		}
+		if decl == nil {
+			decl = make(http.Header, len(r.Trailer))
+		}
+		decl[ck] = nil
+	}
+	if decl == nil {
+		return nil, r.Body
+	}
+	return decl, &trailerBody{ReadCloser: r.Body, from: r, to: decl}
+}
+
+// trailerBody copies the declared trailer fields of from into to when the
+// body ends.
+type trailerBody struct {
+	io.ReadCloser
+	from *http.Request
+	to   http.Header
+}
+
+func (b *trailerBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		for k := range b.to {
+			b.to[k] = b.from.Trailer[k]
+		}
+	}
+	return n, err
 }
 
 // writeRequest writes out (without a body) on bw as out.Write does. A GET

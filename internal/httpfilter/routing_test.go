@@ -1,0 +1,135 @@
+package httpfilter
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// routingFields name another host to the servers behind the origin's
+// front end: none may reach it.
+var routingFields = []string{
+	"Forwarded", "X-Forwarded", "X-Forwarded-Host", "X-Forwarded-Server", "X-Forwarded-For",
+	"X-Forwarded-Proto", "X-Forwarded-Port", "X-Host", "X-Original-Host", "X-Http-Host-Override", "X-Real-Host",
+}
+
+// TestRoutingFieldsDropped: Forwarded, X-Forwarded-* and the host
+// overrides that frameworks and CDNs honour never reach the origin, over
+// plain HTTP, intercepted HTTP/1.1 and HTTP/2, and on a WebSocket upgrade
+// (which ReverseProxy carries); an ordinary field does.
+func TestRoutingFieldsDropped(t *testing.T) {
+	h := newHarness(t, hopts{allow: []string{"origin.test"}})
+	o := newHTTPOrigin(t, originMux())
+	so := newHTTPSOrigin(t, originMux())
+	h.allowOrigin("origin.test", o, port(t, o))
+	h.p.ports[uint16(mustAtoi(port(t, so)))] = true
+	for _, tt := range []struct {
+		name, url string
+		h2, ws    bool
+	}{
+		{"plain", "http://origin.test:" + port(t, o) + "/", false, false},
+		{"plain upgrade", "http://origin.test:" + port(t, o) + "/", false, true},
+		{"intercepted h1", "https://origin.test:" + port(t, so) + "/", false, false},
+		{"intercepted h2", "https://origin.test:" + port(t, so) + "/", true, false},
+		{"intercepted upgrade", "https://origin.test:" + port(t, so) + "/", false, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest("GET", tt.url, nil)
+			for _, k := range routingFields {
+				req.Header.Set(k, "host=evil.test")
+			}
+			req.Header.Set("X-End-To-End", "kept")
+			if tt.ws {
+				req.Header.Set("Connection", "Upgrade")
+				req.Header.Set("Upgrade", "websocket")
+			}
+			resp, e, body := getJSON(t, h.client(tt.h2), req)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			for _, k := range routingFields {
+				if v, ok := e.Header[k]; ok {
+					t.Errorf("origin received %s: %q", k, v)
+				}
+			}
+			if e.Header.Get("X-End-To-End") != "kept" {
+				t.Errorf("end-to-end field lost: %v", e.Header)
+			}
+		})
+	}
+}
+
+// trailerMux reports the request trailer the origin read.
+func trailerMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		got := http.Header{}
+		for k, v := range r.Trailer {
+			if v != nil {
+				got[k] = v
+			}
+		}
+		json.NewEncoder(w).Encode(got)
+	})
+	return mux
+}
+
+// TestTrailerFieldsFiltered: of a request's trailer, only fields a
+// trailer may carry and the guest declared reach the origin: Host,
+// Authorization, Forwarded, X-Forwarded-Host and an undeclared field do
+// not, a checksum does.
+func TestTrailerFieldsFiltered(t *testing.T) {
+	h := newHarness(t, hopts{allow: []string{"origin.test"}})
+	o := newHTTPOrigin(t, trailerMux())
+	so := newHTTPSOrigin(t, trailerMux())
+	h.allowOrigin("origin.test", o, port(t, o))
+	h.p.ports[uint16(mustAtoi(port(t, so)))] = true
+	want := http.Header{"X-Checksum": {"c0ffee"}}
+	check := func(t *testing.T, status int, body string) {
+		t.Helper()
+		var got http.Header
+		if status != 200 || json.Unmarshal([]byte(body), &got) != nil {
+			t.Fatalf("status %d: %s", status, body)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("origin read trailer %v, want %v", got, want)
+		}
+	}
+	t.Run("raw plain", func(t *testing.T) {
+		resp, body := h.rawRequest(t, "POST http://origin.test:"+port(t, o)+"/ HTTP/1.1\r\nHost: origin.test\r\n"+
+			"Trailer: Host, Authorization, Forwarded, X-Forwarded-Host, X-Checksum\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"+
+			"5\r\nhello\r\n0\r\nHost: evil.test\r\nAuthorization: Basic eDp5\r\nForwarded: host=evil.test\r\nX-Forwarded-Host: evil.test\r\n"+
+			"X-Checksum: c0ffee\r\nX-Undeclared: 1\r\n\r\n")
+		check(t, resp.StatusCode, body)
+	})
+	for _, tt := range []struct {
+		name, url string
+		h2        bool
+	}{
+		{"client plain", "http://origin.test:" + port(t, o) + "/", false},
+		{"client intercepted h1", "https://origin.test:" + port(t, so) + "/", false},
+		{"client intercepted h2", "https://origin.test:" + port(t, so) + "/", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest("POST", tt.url, io.NopCloser(strings.NewReader("hello")))
+			req.ContentLength = -1
+			req.Trailer = http.Header{"Forwarded": {"host=evil.test"}, "X-Forwarded-Host": {"evil.test"}, "X-Checksum": {"c0ffee"}}
+			if !tt.h2 {
+				// HTTP/2 servers refuse these in a trailer themselves.
+				req.Trailer["Host"] = []string{"evil.test"}
+				req.Trailer["Authorization"] = []string{"Basic eDp5"}
+			}
+			resp, err := h.client(tt.h2).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			check(t, resp.StatusCode, string(b))
+		})
+	}
+}
