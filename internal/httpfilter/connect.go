@@ -22,7 +22,8 @@ import (
 // answers the healthcheck itself.
 func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *record) {
 	t, err := egress.ParseAuthority(r.Host, 0)
-	if err == nil && r.RequestURI != r.Host {
+	if u := r.URL; err == nil && (r.RequestURI == "" || r.RequestURI[0] == '/' ||
+		u.Path != "" || u.RawPath != "" || u.RawQuery != "" || u.ForceQuery || u.User != nil || u.Opaque != "") {
 		// RFC 9110 9.3.6: a CONNECT names its target in authority form.
 		// net/http also takes "CONNECT /path" and then uses the Host
 		// header, and reads "CONNECT a:1/p", "a:1?q" and "u@a:1" as URLs

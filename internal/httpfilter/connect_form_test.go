@@ -14,7 +14,7 @@ func TestConnectNeedsAuthorityForm(t *testing.T) {
 	h.res.set("allowed.test", "127.0.0.1")
 	for _, target := range []string{"/", "/allowed.test:443", "/x?y",
 		// URLs net/http parses, keeping their host: a path, a query, userinfo.
-		"allowed.test:443/x", "allowed.test:443?x", "u@allowed.test:443", "evil.test:1@allowed.test:443"} {
+		"allowed.test:443/x", "allowed.test:443/", "allowed.test:443?x", "allowed.test:443?", "u@allowed.test:443", "evil.test:1@allowed.test:443"} {
 		resp, body := h.rawRequest(t, "CONNECT "+target+" HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n")
 		checkRefusal(t, resp, body, 400, ReasonInvalidTarget, "")
 	}
