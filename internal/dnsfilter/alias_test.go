@@ -20,6 +20,9 @@ func TestAliasIntoLocalNameRefused(t *testing.T) {
 	aliases := []string{
 		"printer.local.", "gw.", "db.corp.", "x.internal.", "a.b.localhost.", "93.184.215.97.",
 		"healthcheck.abox.local.", "nas.home.arpa.", "Router.LAN.",
+		// Reverse names the filter never forwards: the host's resolver may
+		// hold the LAN's reverse zones.
+		"5.0.0.10.in-addr.arpa.", "168.192.in-addr.arpa.", "1.0.0.127.IN-ADDR.ARPA.", "d.f.ip6.arpa.",
 	}
 	for _, passive := range []bool{false, true} {
 		h := start(t, harnessOptions{passive: passive})
@@ -49,6 +52,22 @@ func TestAliasIntoLocalNameRefused(t *testing.T) {
 		if !found {
 			t.Errorf("no log line with reason %s and class %s", dnsfilter.ReasonRebinding, allowlist.ReasonSpecialUseAlias)
 		}
+		t.Run(fmt.Sprintf("passive=%v PTR through a private reverse name", passive), func(t *testing.T) {
+			h.up.Add("rev.example.com. 60 IN CNAME 7.0.0.10.in-addr.arpa.", "7.0.0.10.in-addr.arpa. 60 IN PTR fileserver.corp.example.")
+			r := h.ask(t, "rev.example.com", dns.TypePTR)
+			if rcode(r) != "NXDOMAIN" || len(r.Answer) != 0 {
+				t.Fatalf("rcode %s answer %v, want NXDOMAIN and nothing", rcode(r), r.Answer)
+			}
+		})
+		t.Run(fmt.Sprintf("passive=%v alias of a public reverse name", passive), func(t *testing.T) {
+			// RFC 2317 delegations alias public reverse names; an alias
+			// into a complete public address is an ordinary name.
+			h.up.Add("pub.example.com. 60 IN CNAME 14.215.184.93.in-addr.arpa.")
+			r := h.ask(t, "pub.example.com", dns.TypePTR)
+			if rcode(r) != "NOERROR" || len(r.Answer) != 2 {
+				t.Errorf("rcode %s answer %v, want NOERROR with the CNAME and the PTR", rcode(r), r.Answer)
+			}
+		})
 		t.Run(fmt.Sprintf("passive=%v ordinary alias", passive), func(t *testing.T) {
 			r := h.ask(t, "www.example.com", dns.TypeA)
 			if got := addrs(r); rcode(r) != "NOERROR" || len(got) != 1 || got[0] != "93.184.215.40" {

@@ -16,6 +16,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/netclass"
 )
 
 // Defaults for Config fields left zero.
@@ -431,9 +432,11 @@ func walkChain(name string, rrs []dns.RR, f func(string) bool) {
 
 // LocalAlias returns the first alias on the CNAME chain from name in rrs
 // that is a local name (allowlist.LocalName: single-label, special-use,
-// numeric), or "". The queried name itself was decided by the filter; its
-// aliases were followed by the upstream, which may have answered them from
-// the host's own network.
+// numeric) or a reverse-mapping name that is not a complete public address
+// (5.0.0.10.in-addr.arpa, 168.192.in-addr.arpa: netclass.ReversePublic), or
+// "". The queried name itself was decided by the filter; its aliases were
+// followed by the upstream, which may have answered them from the host's
+// own network (a LAN's reverse zone names its hosts).
 func LocalAlias(name string, rrs []dns.RR) string {
 	first, alias := true, ""
 	walkChain(name, rrs, func(n string) bool {
@@ -441,13 +444,21 @@ func LocalAlias(name string, rrs []dns.RR) string {
 			first = false
 			return true
 		}
-		if allowlist.LocalName(n) {
+		if allowlist.LocalName(n) || privateReverse(n) {
 			alias = n
 			return false
 		}
 		return true
 	})
 	return alias
+}
+
+// privateReverse reports whether n is a reverse-mapping name the filters
+// never ask about (netclass.ReversePublic with no host policy: the address
+// classes alone).
+func privateReverse(n string) bool {
+	n = strings.ToLower(strings.TrimSuffix(n, "."))
+	return netclass.IsReverseName(n) && !netclass.ReversePublic(n, nil)
 }
 
 // AliasError is a lookup whose answer is an alias of a local name
