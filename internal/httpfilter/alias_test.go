@@ -11,6 +11,7 @@ import (
 
 // TestAliasIntoLocalNameRefused: an allowlisted name that the upstream
 // resolves through a CNAME into a single-label, special-use or numeric name
+// or a private reverse name
 // is refused before any dial, over plain HTTP and CONNECT, even when only
 // one address family is aliased; an alias into an ordinary name works.
 func TestAliasIntoLocalNameRefused(t *testing.T) {
@@ -29,6 +30,8 @@ func TestAliasIntoLocalNameRefused(t *testing.T) {
 		"v6.allowed.test. 60 IN A 127.0.0.1",
 		"v6.allowed.test. 60 IN CNAME db.internal.",
 		"db.internal. 60 IN AAAA ::1",
+		"rev.allowed.test. 60 IN CNAME 1.0.0.127.in-addr.arpa.",
+		"1.0.0.127.in-addr.arpa. 60 IN A 127.0.0.1",
 	)
 	up, err := upstream.New(upstream.Config{Servers: []string{dns.Addr}, Timeout: 2 * time.Second})
 	if err != nil {
@@ -39,7 +42,7 @@ func TestAliasIntoLocalNameRefused(t *testing.T) {
 	o := newHTTPOrigin(t, originMux())
 	pt := port(t, o)
 	h.p.ports[uint16(mustAtoi(pt))] = true
-	for _, name := range []string{"mdns.allowed.test", "single.allowed.test", "numeric.allowed.test", "v6.allowed.test"} {
+	for _, name := range []string{"mdns.allowed.test", "single.allowed.test", "numeric.allowed.test", "v6.allowed.test", "rev.allowed.test"} {
 		t.Run(name, func(t *testing.T) {
 			resp, body := h.rawRequest(t, "GET http://"+name+":"+pt+"/ HTTP/1.1\r\nHost: "+name+"\r\n\r\n")
 			checkRefusal(t, resp, body, 403, allowlist.ReasonSpecialUseAlias, name)
