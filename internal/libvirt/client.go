@@ -47,6 +47,15 @@ type remote interface {
 	DomainUndefineFlags(d golibvirt.Domain, flags golibvirt.DomainUndefineFlagsValues) error
 	DomainGetState(d golibvirt.Domain, flags uint32) (int32, int32, error)
 	DomainUpdateDeviceFlags(d golibvirt.Domain, xml string, flags golibvirt.DomainDeviceModifyFlags) error
+	DomainGetXMLDesc(d golibvirt.Domain, flags golibvirt.DomainXMLFlags) (string, error)
+
+	DomainSnapshotCreateXML(d golibvirt.Domain, xml string, flags uint32) (golibvirt.DomainSnapshot, error)
+	DomainSnapshotLookupByName(d golibvirt.Domain, name string, flags uint32) (golibvirt.DomainSnapshot, error)
+	DomainListAllSnapshots(d golibvirt.Domain, needResults int32, flags uint32) ([]golibvirt.DomainSnapshot, int32, error)
+	DomainSnapshotGetXMLDesc(s golibvirt.DomainSnapshot, flags uint32) (string, error)
+	DomainSnapshotIsCurrent(s golibvirt.DomainSnapshot, flags uint32) (int32, error)
+	DomainRevertToSnapshot(s golibvirt.DomainSnapshot, flags uint32) error
+	DomainSnapshotDelete(s golibvirt.DomainSnapshot, flags golibvirt.DomainSnapshotDeleteFlags) error
 }
 
 // Client talks to one libvirtd over its RPC socket. It is safe for

@@ -20,6 +20,11 @@ type fakeRemote struct {
 	domains  map[string]golibvirt.DomainState
 	calls    []string
 	block    chan struct{} // when set, DomainCreate waits on it
+	domXML   map[string]string
+	snaps    map[string][]*fakeSnap // domain -> snapshots, oldest first
+	// snapFail, when set, is DomainSnapshotCreateXML's error, returned
+	// after the snapshot was recorded (as a libvirt that failed late would).
+	snapFail error
 }
 
 func newFake() *fakeRemote {
@@ -144,6 +149,10 @@ func (f *fakeRemote) DomainDefineXMLFlags(xml string, flags golibvirt.DomainDefi
 	if _, ok := f.domains[name]; !ok {
 		f.domains[name] = golibvirt.DomainShutoff
 	}
+	if f.domXML == nil {
+		f.domXML = map[string]string{}
+	}
+	f.domXML[name] = xml
 	return golibvirt.Domain{Name: name}, nil
 }
 func (f *fakeRemote) DomainCreate(d golibvirt.Domain) error {

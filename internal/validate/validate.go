@@ -163,3 +163,35 @@ func ForwardHostPort(port uint16) error {
 	}
 	return nil
 }
+
+var snapshotPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
+
+// SnapshotName reports whether name is a valid snapshot name: 1-63 ASCII
+// letters, digits, '.', '_' and '-', starting with a letter or digit, so it
+// is safe in libvirt's snapshot XML and in the file libvirt names after
+// it. All digits is refused: QEMU looks an internal snapshot up by its
+// numeric id as well as by its name, so "2" could mean another snapshot.
+func SnapshotName(name string) error {
+	var problem string
+	switch {
+	case snapshotPattern.MatchString(name) && strings.Trim(name, "0123456789") == "":
+		problem = "it is all digits, which QEMU would take for a snapshot id"
+	case snapshotPattern.MatchString(name):
+		return nil
+	case name == "":
+		problem = "it is empty"
+	case !utf8.ValidString(name):
+		problem = "it is not valid UTF-8"
+	case len(name) > MaxNameLen:
+		problem = fmt.Sprintf("it is %d bytes long, the limit is %d", len(name), MaxNameLen)
+	case !isSnapshotRune(rune(name[0])) || name[0] == '.' || name[0] == '_' || name[0] == '-':
+		problem = "it must start with a letter or a digit"
+	default:
+		r, _ := utf8.DecodeRuneInString(name[strings.IndexFunc(name, func(r rune) bool { return !isSnapshotRune(r) }):])
+		problem = fmt.Sprintf("it contains %q; only letters, digits, '.', '_' and '-' are allowed", r)
+	}
+	return fmt.Errorf("validating snapshot name %q: %s (use something like \"before-upgrade\" or \"v2.1\", matching %s)",
+		name, problem, snapshotPattern.String())
+}
+
+func isSnapshotRune(r rune) bool { return r == '.' || !isBadNameRune(r) }

@@ -175,3 +175,44 @@ func TestBridge(t *testing.T) {
 		}
 	}
 }
+
+func TestSnapshotName(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		wantErr string // substring; empty means valid
+	}{
+		{"simple", "before-upgrade", ""},
+		{"dotted", "v2.1", ""},
+		{"timestamp", "20261202-150405", ""},
+		{"leading digit", "1st", ""},
+		{"63 chars", "a" + strings.Repeat("b", 62), ""},
+		{"64 chars", "a" + strings.Repeat("b", 63), "64 bytes long"},
+		{"empty", "", "empty"},
+		{"all digits", "2", "snapshot id"},
+		{"long all digits", "1701529405", "snapshot id"},
+		{"dot dot", "..", "start with a letter or a digit"},
+		{"leading dot", ".hidden", "start with a letter or a digit"},
+		{"leading hyphen", "-rf", "start with a letter or a digit"},
+		{"slash traversal", "a/../b", "contains '/'"},
+		{"xml injection", "a'><x", `contains '\''`},
+		{"ampersand", "a&b", "contains '&'"},
+		{"space", "a b", "contains ' '"},
+		{"newline", "a\nb", `contains '\n'`},
+		{"unicode", "ünder", "start with a letter or a digit"},
+		{"invalid utf8", "a\xffb", "not valid UTF-8"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := SnapshotName(tt.in)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Errorf("SnapshotName(%q) = %v, want nil", tt.in, err)
+			case tt.wantErr != "" && err == nil:
+				t.Errorf("SnapshotName(%q) = nil, want error containing %q", tt.in, tt.wantErr)
+			case tt.wantErr != "" && !strings.Contains(err.Error(), tt.wantErr):
+				t.Errorf("SnapshotName(%q) = %v, want it to contain %q", tt.in, err, tt.wantErr)
+			}
+		})
+	}
+}
