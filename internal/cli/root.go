@@ -138,6 +138,7 @@ instance.`,
 		newDoctorCmd(e),
 		newLibvirtHookCmd(e),
 		newMonitorCmd(e),
+		newSnapshotCmd(e),
 	)
 	return root
 }

@@ -28,6 +28,14 @@ type fakeHV struct {
 	domains  map[string]libvirt.DomainState
 	failOn   string // call name that fails
 	netInfo  []libvirt.NetworkInfo
+	domXML   map[string]string // name -> last definition
+	snaps    map[string][]libvirt.Snapshot
+	// revertedXML, when set, is the live definition a revert brings back
+	// (libvirt takes it from the snapshot).
+	revertedXML string
+	// onRevert, when set, runs as RevertSnapshot begins (to look at the
+	// layers around the guest at that moment).
+	onRevert func()
 }
 
 func newFakeHV() *fakeHV {
@@ -124,7 +132,13 @@ func (h *fakeHV) DefineDomain(ctx context.Context, xml string) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.domains[xmlName(xml)] = libvirt.StateShutoff
+	if _, ok := h.domains[xmlName(xml)]; !ok {
+		h.domains[xmlName(xml)] = libvirt.StateShutoff
+	}
+	if h.domXML == nil {
+		h.domXML = map[string]string{}
+	}
+	h.domXML[xmlName(xml)] = xml
 	return nil
 }
 func (h *fakeHV) StartDomain(ctx context.Context, name string) error {

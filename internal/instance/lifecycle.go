@@ -97,6 +97,22 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 		m.startMonitor(ctx, st)
 		return nil
 	}
+	return m.bootLocked(ctx, st, true, func(ctx context.Context) error {
+		m.progress("starting %s: booting the guest (accel %s)", name, st.Accel)
+		return m.Hypervisor.StartDomain(ctx, dom)
+	})
+}
+
+// bootLocked brings up the layers that contain st's guest (the network,
+// the host firewall chains, the filter daemon), then runs boot, which
+// makes the domain's QEMU run (a fresh boot, or a revert to a snapshot
+// with memory), then requires the libvirt hook to have run and makes the
+// guest's tap inert outside the bridge. The order is the point: the guest
+// never runs before the layers around it. On failure what was started is
+// stopped and a running guest powered off. record writes the boot record
+// status shows (a fresh boot that WaitReady completes).
+func (m *Manager) bootLocked(ctx context.Context, st State, record bool, boot func(context.Context) error) (err error) {
+	name, dom := st.Name, libvirt.DomainName(st.Name)
 	var undo undoStack
 	defer func() {
 		if err != nil {
@@ -119,9 +135,8 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 		return fmt.Errorf("starting %s: filter daemon: %w", name, err)
 	}
 	undo.push("stop filter daemon", func(ctx context.Context) error { return m.Daemon.Stop(ctx, name) })
-	m.progress("starting %s: booting the guest (accel %s)", name, st.Accel)
 	booted := time.Now()
-	if err := m.Hypervisor.StartDomain(ctx, dom); err != nil {
+	if err := boot(ctx); err != nil {
 		return err
 	}
 	// A guest that cannot be guarded from its first instruction is
@@ -149,8 +164,10 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 		return refuse(fmt.Errorf("the guest's tap: %w", err))
 	}
 	// Status shows how long this boot took; WaitReady completes the record.
-	if err := writeBoot(m.Layout, name, Boot{StartedAt: time.Now()}); err != nil {
-		m.progress("starting %s: %v (status will not show the boot time)", name, err)
+	if record {
+		if err := writeBoot(m.Layout, name, Boot{StartedAt: time.Now()}); err != nil {
+			m.progress("starting %s: %v (status will not show the boot time)", name, err)
+		}
 	}
 	m.resumeAccess(ctx, name)
 	// After the domain: libvirt binds the channel's socket when it starts it.

@@ -13,6 +13,7 @@ import (
 	"github.com/abox-dev/abox/internal/image"
 	"github.com/abox-dev/abox/internal/libvirt"
 	"github.com/abox-dev/abox/internal/paths"
+	"libvirt.org/go/libvirtxml"
 )
 
 // Hypervisor is the part of the libvirt client the orchestrator uses.
@@ -32,6 +33,13 @@ type Hypervisor interface {
 	SetLinkDown(ctx context.Context, domain, network, filter, mac string) error
 	UndefineDomain(ctx context.Context, name string) error
 	State(ctx context.Context, name string) (libvirt.DomainState, error)
+	// Domain is the domain's definition as it runs (see libvirt.Client.Domain).
+	Domain(ctx context.Context, name string) (*libvirtxml.Domain, error)
+
+	CreateSnapshot(ctx context.Context, domain, name, description string) (libvirt.Snapshot, error)
+	Snapshots(ctx context.Context, domain string) ([]libvirt.Snapshot, error)
+	RevertSnapshot(ctx context.Context, domain, name string) error
+	DeleteSnapshot(ctx context.Context, domain, name string) error
 }
 
 // Firewall owns the per-bridge host firewall chains (FORWARD default-deny,

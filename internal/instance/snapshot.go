@@ -1,0 +1,328 @@
+package instance
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/abox-dev/abox/internal/hostfw"
+	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/validate"
+)
+
+// A snapshot holds the guest only: its disk (the instance's qcow2
+// overlay, as a qcow2 internal snapshot: the shared base image below is
+// never written) and, when it was taken of a running guest, its memory.
+// Everything on the host side (the allowlist, filter settings, packet
+// filter, host chains, filter daemon, CA, SSH host key pin) is not in it,
+// and a revert leaves it as it is now.
+
+// ErrSnapshotNotFound means the instance has no snapshot of that name.
+var ErrSnapshotNotFound = errors.New("no such snapshot")
+
+// ErrSnapshotExists means a snapshot of that name exists.
+var ErrSnapshotExists = libvirt.ErrSnapshotExists
+
+// SnapshotTimeFormat names a snapshot taken without a name: its UTC time.
+const SnapshotTimeFormat = "20060102-150405"
+
+// SnapshotInfo is what snapshot list shows.
+type SnapshotInfo struct {
+	libvirt.Snapshot
+	// MemoryBytes is the size of the guest memory and device state saved
+	// with the snapshot (qemu-img's vm-state-size); 0 for a snapshot of a
+	// stopped guest, or when qemu-img could not tell.
+	MemoryBytes uint64 `json:"memory_bytes"`
+}
+
+// CreateSnapshot takes a snapshot of instance name, running or stopped.
+// An empty snap names it by the current UTC time (SnapshotTimeFormat).
+func (m *Manager) CreateSnapshot(ctx context.Context, name, snap, description string) (libvirt.Snapshot, error) {
+	if snap == "" {
+		snap = time.Now().UTC().Format(SnapshotTimeFormat)
+	}
+	if err := validate.SnapshotName(snap); err != nil {
+		return libvirt.Snapshot{}, err
+	}
+	if err := libvirt.SnapshotDescription(description); err != nil {
+		return libvirt.Snapshot{}, err
+	}
+	unlock, err := lockInstance(m.Layout, name)
+	if err != nil {
+		return libvirt.Snapshot{}, err
+	}
+	defer unlock()
+	if _, err := Load(m.Layout, name); err != nil {
+		return libvirt.Snapshot{}, err
+	}
+	dom := libvirt.DomainName(name)
+	state, err := m.domainState(ctx, name, "taking a snapshot of")
+	if err != nil {
+		return libvirt.Snapshot{}, err
+	}
+	if state.Active() {
+		m.progress("snapshot %s of %s: saving the running guest's memory and disk (the guest is paused meanwhile)", snap, name)
+	} else {
+		m.progress("snapshot %s of %s: saving the stopped guest's disk", snap, name)
+	}
+	s, err := m.Hypervisor.CreateSnapshot(ctx, dom, snap, description)
+	if errors.Is(err, libvirt.ErrSnapshotExists) {
+		return libvirt.Snapshot{}, fmt.Errorf("snapshot %s of %s: %w (pick another name, or remove it first: abox snapshot remove %s %s)", snap, name, ErrSnapshotExists, name, snap)
+	}
+	if err != nil {
+		return libvirt.Snapshot{}, fmt.Errorf("snapshot %s of %s: %w", snap, name, err)
+	}
+	return s, nil
+}
+
+// domainState is the instance's domain state, with the fix in the error
+// when libvirt has no domain for it.
+func (m *Manager) domainState(ctx context.Context, name, doing string) (libvirt.DomainState, error) {
+	dom := libvirt.DomainName(name)
+	state, err := m.Hypervisor.State(ctx, dom)
+	if errors.Is(err, libvirt.ErrNotFound) {
+		return state, fmt.Errorf("%s %s: libvirt has no domain %s; recreate the instance (abox remove %s && abox create %s)", doing, name, dom, name, name)
+	}
+	return state, err
+}
+
+// Snapshots lists instance name's snapshots, oldest first.
+func (m *Manager) Snapshots(ctx context.Context, name string) ([]SnapshotInfo, error) {
+	if _, err := Load(m.Layout, name); err != nil {
+		return nil, err
+	}
+	if _, err := m.domainState(ctx, name, "listing the snapshots of"); err != nil {
+		return nil, err
+	}
+	list, err := m.Hypervisor.Snapshots(ctx, libvirt.DomainName(name))
+	if err != nil {
+		return nil, err
+	}
+	sizes := m.snapshotSizes(ctx, name)
+	out := make([]SnapshotInfo, 0, len(list))
+	for _, s := range list {
+		out = append(out, SnapshotInfo{Snapshot: s, MemoryBytes: sizes[s.Name]})
+	}
+	return out, nil
+}
+
+// snapshotSizes reads the saved memory sizes from the overlay's qcow2
+// snapshot table. -U (--force-share) reads it while QEMU holds the image;
+// a failure only loses the figures.
+func (m *Manager) snapshotSizes(ctx context.Context, name string) map[string]uint64 {
+	out, err := m.Run.Run(ctx, "qemu-img", "info", "-U", "--output=json", m.Layout.Instance(name).Disk)
+	if err != nil {
+		return nil
+	}
+	var info struct {
+		Snapshots []struct {
+			Name        string `json:"name"`
+			VMStateSize uint64 `json:"vm-state-size"`
+		} `json:"snapshots"`
+	}
+	if json.Unmarshal(out, &info) != nil {
+		return nil
+	}
+	sizes := map[string]uint64{}
+	for _, s := range info.Snapshots {
+		sizes[s.Name] = s.VMStateSize
+	}
+	return sizes
+}
+
+// RevertResult says what a revert did to the guest.
+type RevertResult struct {
+	Snapshot libvirt.Snapshot
+	// Before and After are the domain's states around the revert.
+	Before, After libvirt.DomainState
+}
+
+// RevertSnapshot puts instance name's guest back to snapshot snap.
+//
+//   - A snapshot of a running guest: the guest runs on from that moment,
+//     its memory and disk as they were (a running guest is replaced in
+//     place; a stopped instance is started first, layers before guest, as
+//     start does).
+//   - A snapshot of a stopped guest: the disk is put back and the instance
+//     is stopped (a running guest is powered off, losing what it had not
+//     written; its filters and network are then stopped as stop does).
+//
+// Either way the host side stays as it is now: the network, packet filter
+// and domain are defined again from the instance's state, the host chains
+// are ensured, and a guest whose live definition no longer has exactly
+// the instance's filtered NIC is powered off.
+func (m *Manager) RevertSnapshot(ctx context.Context, name, snap string) (RevertResult, error) {
+	if err := validate.SnapshotName(snap); err != nil {
+		return RevertResult{}, err
+	}
+	unlock, err := lockInstance(m.Layout, name)
+	if err != nil {
+		return RevertResult{}, err
+	}
+	defer unlock()
+	st, err := Load(m.Layout, name)
+	if err != nil {
+		return RevertResult{}, err
+	}
+	dom := libvirt.DomainName(name)
+	before, err := m.domainState(ctx, name, "reverting")
+	if err != nil {
+		return RevertResult{}, err
+	}
+	target, err := m.findSnapshot(ctx, name, snap)
+	if err != nil {
+		return RevertResult{}, err
+	}
+	res := RevertResult{Snapshot: target, Before: before}
+	fail := func(err error) (RevertResult, error) {
+		return res, fmt.Errorf("reverting %s to snapshot %s: %w", name, snap, err)
+	}
+	// The host side now, not as it was: the filter libvirt applies to the
+	// guest's port is the current one before any guest state comes back.
+	if err := m.redefine(ctx, st); err != nil {
+		return fail(err)
+	}
+	if before.Active() && m.Access != nil {
+		// Mounts and forwards end in the guest's sshd, whose sessions the
+		// revert ends.
+		if err := m.Access.Release(ctx, name); err != nil {
+			m.progress("warning: reverting %s: releasing mounts and forwards: %v", name, err)
+		}
+	}
+	revert := func(ctx context.Context) error {
+		if err := m.Hypervisor.RevertSnapshot(ctx, dom, snap); err != nil {
+			return m.powerOffAfter(ctx, dom, err)
+		}
+		if !target.Memory() {
+			return nil
+		}
+		def, err := m.Hypervisor.Domain(ctx, dom)
+		if err == nil {
+			err = libvirt.CheckNetwork(def, ParamsOf(m.Layout, st))
+		}
+		if err != nil {
+			return m.powerOffAfter(ctx, dom, fmt.Errorf("checking the reverted guest's network: %w", err))
+		}
+		return nil
+	}
+	switch {
+	case target.Memory() && !before.Active():
+		m.progress("reverting %s to %s: starting the instance's filters and network, then resuming the guest as it was at %s", name, snap, target.Created.Format(time.RFC3339))
+		if err := m.bootLocked(ctx, st, false, revert); err != nil {
+			return fail(err)
+		}
+	case target.Memory():
+		m.progress("reverting %s to %s: the running guest is replaced by the one saved at %s (its processes, memory and disk as they were then; SSH sessions end)", name, snap, target.Created.Format(time.RFC3339))
+		if err := revert(ctx); err != nil {
+			return fail(err)
+		}
+		if err := m.Firewall.Ensure(ctx, FirewallBridge(st)); err != nil {
+			return fail(m.powerOffAfter(ctx, dom, fmt.Errorf("host firewall: %w", err)))
+		}
+		if err := m.Firewall.EnsurePort(ctx, hostfw.Port{Bridge: st.Bridge, GuestMAC: st.MAC}); err != nil {
+			return fail(m.powerOffAfter(ctx, dom, fmt.Errorf("the guest's tap: %w", err)))
+		}
+		m.resumeAccess(ctx, name)
+	case before.Active():
+		m.progress("reverting %s to %s: powering the running guest off (it is not shut down: what it had not written is lost), then putting its disk back as it was at %s", name, snap, target.Created.Format(time.RFC3339))
+		if err := revert(ctx); err != nil {
+			return fail(err)
+		}
+		// The guest is off: take its layers down as stop does.
+		if err := m.stopLocked(ctx, name, StopOptions{Force: true}); err != nil {
+			return fail(err)
+		}
+	default:
+		m.progress("reverting %s to %s: putting the stopped guest's disk back as it was at %s", name, snap, target.Created.Format(time.RFC3339))
+		if err := revert(ctx); err != nil {
+			return fail(err)
+		}
+	}
+	// libvirt took the persistent definition from the snapshot: put the
+	// current one back, so the next start runs what this abox builds.
+	if err := m.redefine(ctx, st); err != nil {
+		return fail(err)
+	}
+	res.After, err = m.Hypervisor.State(ctx, dom)
+	if err != nil {
+		return fail(err)
+	}
+	return res, nil
+}
+
+// powerOffAfter powers the guest off when err left it running: a guest
+// that was not reverted as asked, or whose containment could not be
+// checked, does not run on.
+func (m *Manager) powerOffAfter(ctx context.Context, dom string, err error) error {
+	ctx = context.WithoutCancel(ctx)
+	if st, serr := m.Hypervisor.State(ctx, dom); serr == nil && !st.Active() {
+		return err
+	}
+	if derr := m.Hypervisor.DestroyDomain(ctx, dom); derr != nil {
+		return fmt.Errorf("%w (and powering the guest off: %v)", err, derr)
+	}
+	return fmt.Errorf("%w (the guest was powered off)", err)
+}
+
+func (m *Manager) findSnapshot(ctx context.Context, name, snap string) (libvirt.Snapshot, error) {
+	list, err := m.Hypervisor.Snapshots(ctx, libvirt.DomainName(name))
+	if err != nil {
+		return libvirt.Snapshot{}, err
+	}
+	for _, s := range list {
+		if s.Name == snap {
+			return s, nil
+		}
+	}
+	return libvirt.Snapshot{}, fmt.Errorf("instance %s: %w %s (abox snapshot list %s shows its snapshots)", name, ErrSnapshotNotFound, snap, name)
+}
+
+// RemoveSnapshots deletes snapshots of instance name: the ones named, or
+// every one when all. Snapshots taken on top of a removed one stay.
+func (m *Manager) RemoveSnapshots(ctx context.Context, name string, snaps []string, all bool) ([]string, error) {
+	for _, s := range snaps {
+		if err := validate.SnapshotName(s); err != nil {
+			return nil, err
+		}
+	}
+	unlock, err := lockInstance(m.Layout, name)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if _, err := Load(m.Layout, name); err != nil {
+		return nil, err
+	}
+	if _, err := m.domainState(ctx, name, "removing snapshots of"); err != nil {
+		return nil, err
+	}
+	if all {
+		list, err := m.Hypervisor.Snapshots(ctx, libvirt.DomainName(name))
+		if err != nil {
+			return nil, err
+		}
+		snaps = nil
+		// Newest first: a child goes before its parent, so libvirt need
+		// not re-parent anything.
+		for i := len(list) - 1; i >= 0; i-- {
+			snaps = append(snaps, list[i].Name)
+		}
+	} else {
+		// Every name must exist before any is removed.
+		for _, s := range snaps {
+			if _, err := m.findSnapshot(ctx, name, s); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var removed []string
+	for _, s := range snaps {
+		if err := m.Hypervisor.DeleteSnapshot(ctx, libvirt.DomainName(name), s); err != nil {
+			return removed, fmt.Errorf("removing snapshot %s of %s: %w", s, name, err)
+		}
+		removed = append(removed, s)
+	}
+	return removed, nil
+}
