@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/abox-dev/abox/internal/archive"
 	"github.com/abox-dev/abox/internal/ca"
@@ -490,5 +491,35 @@ func TestImportRefusesHostileContent(t *testing.T) {
 	}
 	if _, err := os.ReadFile(hostFile); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestImportSweepsKilledImports: a staging directory whose import died
+// (its lock free) goes at the next import; a running import's stays.
+func TestImportSweepsKilledImports(t *testing.T) {
+	r := archiveRig(t)
+	good := plainArchive(t, r)
+	old := time.Now().Add(-time.Hour)
+	mk := func(name string) string {
+		dir := filepath.Join(r.m.Layout.Instances(), name)
+		os.MkdirAll(dir, 0o700)
+		os.WriteFile(filepath.Join(dir, ".lock"), nil, 0o600)
+		os.Chtimes(dir, old, old)
+		return dir
+	}
+	dead, alive := mk(stagingPrefix+"dead"), mk(stagingPrefix+"alive")
+	unlock, err := lockFile(filepath.Join(alive, ".lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	if _, _, err := r.m.Import(context.Background(), good, ImportOptions{Name: "dev2"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dead); err == nil {
+		t.Error("a killed import's staging directory was left")
+	}
+	if _, err := os.Stat(alive); err != nil {
+		t.Errorf("a running import's staging directory was removed: %v", err)
 	}
 }

@@ -129,7 +129,7 @@ func (m *Manager) Export(ctx context.Context, name, dest string) (res ExportResu
 		if err = ctx.Err(); err != nil {
 			return res, err
 		}
-		if err = m.addFile(w, af, name); err != nil {
+		if err = m.addFile(ctx, w, af, name); err != nil {
 			return res, err
 		}
 	}
@@ -144,7 +144,7 @@ func (m *Manager) Export(ctx context.Context, name, dest string) (res ExportResu
 	return res, nil
 }
 
-func (m *Manager) addFile(w *archive.Writer, af archiveFile, name string) error {
+func (m *Manager) addFile(ctx context.Context, w *archive.Writer, af archiveFile, name string) error {
 	fh, err := os.Open(af.path)
 	if err != nil {
 		return fmt.Errorf("exporting %s: %w", name, err)
@@ -156,18 +156,20 @@ func (m *Manager) addFile(w *archive.Writer, af archiveFile, name string) error 
 		if err != nil {
 			return err
 		}
-		r = m.progressReader(fh, "exporting "+name+": disk", fi.Size())
+		r = m.progressReader(ctx, fh, "exporting "+name+": disk", fi.Size())
 	}
 	return w.Add(af.name, r)
 }
 
 // progressReader reports how much of total has been read, at most once a
-// second and at the end.
-func (m *Manager) progressReader(r io.Reader, what string, total int64) io.Reader {
-	return &progress{r: r, what: what, total: total, report: m.progress}
+// second and at the end, and stops reading once ctx is done (an
+// interrupted export or import of gigabytes ends at once, and rolls back).
+func (m *Manager) progressReader(ctx context.Context, r io.Reader, what string, total int64) io.Reader {
+	return &progress{ctx: ctx, r: r, what: what, total: total, report: m.progress}
 }
 
 type progress struct {
+	ctx    context.Context
 	r      io.Reader
 	what   string
 	total  int64
@@ -177,6 +179,9 @@ type progress struct {
 }
 
 func (p *progress) Read(b []byte) (int, error) {
+	if err := p.ctx.Err(); err != nil {
+		return 0, err
+	}
 	n, err := p.r.Read(b)
 	p.done += int64(n)
 	if now := time.Now(); now.Sub(p.last) >= time.Second || p.done == p.total && n > 0 {

@@ -122,11 +122,19 @@ func (m *Manager) Import(ctx context.Context, file string, o ImportOptions) (st 
 	// Everything is unpacked into a staging directory that no listing
 	// takes for an instance (names start with a letter), renamed into
 	// place under the global lock once it all checked out.
-	stage, err := os.MkdirTemp(m.Layout.Instances(), ".import-*")
+	m.sweepStaging()
+	stage, err := os.MkdirTemp(m.Layout.Instances(), stagingPrefix+"*")
 	if err != nil {
 		return State{}, nil, err
 	}
 	undo.push("remove staging directory", func(context.Context) error { return os.RemoveAll(stage) })
+	// Held until the import ends: a later import removes only staging
+	// directories whose lock it can take (left by a killed import).
+	unlockStage, err := lockFile(filepath.Join(stage, ".lock"))
+	if err != nil {
+		return State{}, nil, err
+	}
+	defer unlockStage()
 	staged := func(p string) string { return filepath.Join(stage, strings.TrimPrefix(p, f.Dir)) }
 	for _, d := range []struct {
 		path string
@@ -164,7 +172,7 @@ func (m *Manager) Import(ctx context.Context, file string, o ImportOptions) (st 
 				return State{}, nil, err
 			}
 			targets[ent.Name] = filepath.Join(stage, ent.Name)
-			r = m.progressReader(r, "importing "+name+": disk", ent.Size)
+			r = m.progressReader(ctx, r, "importing "+name+": disk", ent.Size)
 		}
 		dst, ok := targets[ent.Name]
 		if !ok {
@@ -237,6 +245,11 @@ func (m *Manager) Import(ctx context.Context, file string, o ImportOptions) (st 
 	if err = st.validate(m.Layout); err != nil {
 		return State{}, nil, fmt.Errorf("importing %s: %w", file, err)
 	}
+	// A directory without state is an interrupted create or import; it
+	// holds nothing of value (as in Create).
+	if err = os.RemoveAll(f.Dir); err != nil {
+		return State{}, nil, fmt.Errorf("importing %s: clearing an interrupted create: %w", file, err)
+	}
 	if err = os.Rename(stage, f.Dir); err != nil {
 		return State{}, nil, fmt.Errorf("importing %s: %w", file, err)
 	}
@@ -267,6 +280,38 @@ func (m *Manager) Import(ctx context.Context, file string, o ImportOptions) (st 
 		return State{}, nil, err
 	}
 	return st, warnings, nil
+}
+
+// stagingPrefix names import staging directories under instances/ (no
+// instance name starts with a dot, so no listing takes one for an instance).
+const stagingPrefix = ".import-"
+
+// sweepStaging removes the staging directories of imports that were
+// killed (their lock is free); those of running imports stay.
+func (m *Manager) sweepStaging() {
+	ents, err := os.ReadDir(m.Layout.Instances())
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), stagingPrefix) {
+			continue
+		}
+		dir := filepath.Join(m.Layout.Instances(), e.Name())
+		// Young ones may be between MkdirTemp and their lock.
+		if fi, err := e.Info(); err != nil || time.Since(fi.ModTime()) < time.Minute {
+			continue
+		}
+		fh, err := os.Open(filepath.Join(dir, ".lock"))
+		if err != nil {
+			continue // being created, or not ours: leave it
+		}
+		if syscall.Flock(int(fh.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			m.progress("importing: removing %s, left by an interrupted import", dir)
+			os.RemoveAll(dir)
+		}
+		fh.Close()
+	}
 }
 
 // importCollision refuses a name that an instance or a libvirt domain has.
