@@ -473,6 +473,7 @@ func TestImportRefusesHostileContent(t *testing.T) {
 			return n, b
 		}, "allowlist.txt:1"},
 		{"widening settings", setState("no_mitm", true), nil, "mitm.enabled"},
+		{"terminal escapes in the kernel command line", setState("cmdline", "console=ttyS0 \x1b]0;owned\a"), nil, "kernel command line"},
 	}
 	before, _ := os.ReadDir(r.m.Layout.AgentCache())
 	for _, c := range cases {

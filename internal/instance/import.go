@@ -402,6 +402,20 @@ func importedState(m *Manager, src State, name string, has map[string]bool) (Sta
 	} else if st.UpstreamProxyCredentials != "" {
 		errs = append(errs, errors.New("upstream proxy credentials without an upstream proxy"))
 	}
+	// Strings abox shows later (status, messages) must not steer a
+	// terminal; the rest are checked above or are the template's XML.
+	texts := []struct{ what, s string }{{"kernel command line", st.Cmdline}, {"upstream proxy credentials", st.UpstreamProxyCredentials}}
+	if b := st.MonitorBundle; b != nil {
+		texts = append(texts, struct{ what, s string }{"monitor bundle source", b.Source})
+		if len(b.SHA256) != 64 || strings.Trim(b.SHA256, "0123456789abcdef") != "" {
+			errs = append(errs, fmt.Errorf("monitor bundle sha256 %q: want 64 lowercase hex digits", b.SHA256))
+		}
+	}
+	for _, x := range texts {
+		if err := termtext.Check(x.s); err != nil || len(x.s) > 4096 {
+			errs = append(errs, fmt.Errorf("%s %q: want at most 4096 printable characters", x.what, termtext.Clean(x.s)))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return State{}, fmt.Errorf("the archive's instance settings are refused: %w", err)
 	}
