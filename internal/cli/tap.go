@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -17,12 +18,18 @@ import (
 
 func newTapCmd(e *env) *cobra.Command {
 	var o tap.Options
+	var maxMB int64
 	cmd := &cobra.Command{
 		Use:   "tap NAME [-- TCPDUMP-ARGS...]",
 		Short: "Capture an instance's traffic on its bridge, with the TLS keys to decrypt it",
 		Long: `Run tcpdump on the instance's bridge: decoded packets on stdout, or a pcap
 file with -o. SSH between the host and the guest is left out unless
 --include-ssh. Arguments after -- go to tcpdump as they are.
+
+The guest decides how much it sends, and the pcap file is on the host's
+disk: a capture stops, on a whole packet and with an error saying so, before
+the file would pass --max-size million bytes (1000, a gigabyte, by default;
+0 for no cap), and at once if the disk fills.
 
 While the tap runs, the proxy writes the TLS session keys of the sessions it
 intercepts to logs/keys.log in the instance directory (NSS key log format,
@@ -35,6 +42,7 @@ connections (--no-mitm, MITM exceptions) carry the origin's own TLS and
 cannot be decrypted. Needs root (tcpdump) and a started instance.`,
 		Example: `  abox tap dev
   abox tap dev -o dev.pcap -c 1000
+  abox tap dev -o dev.pcap --max-size 100
   abox tap dev --filter 'udp port 53'
   abox tap dev -- -vv -s 0`,
 		Args: cobra.MinimumNArgs(1),
@@ -48,6 +56,13 @@ cannot be decrypted. Needs root (tcpdump) and a started instance.`,
 			} else if len(args) != 1 {
 				return usageError{fmt.Errorf("abox tap takes one instance NAME; put tcpdump arguments after --")}
 			}
+			if maxMB < 0 {
+				return usageError{fmt.Errorf("--max-size %d: want a size in millions of bytes, or 0 for no cap", maxMB)}
+			}
+			if cmd.Flags().Changed("max-size") && o.Write == "" {
+				return usageError{errors.New("--max-size caps the pcap file: it takes -o FILE")}
+			}
+			o.MaxBytes = maxMB * 1000 * 1000
 			return e.runTap(cmd.Context(), name, o)
 		},
 	}
@@ -56,6 +71,7 @@ cannot be decrypted. Needs root (tcpdump) and a started instance.`,
 	f.IntVarP(&o.Count, "count", "c", 0, "stop after N packets")
 	f.StringVar(&o.Filter, "filter", "", "BPF filter expression (ANDed with the SSH exclusion)")
 	f.BoolVar(&o.IncludeSSH, "include-ssh", false, "keep host-guest SSH in the capture")
+	f.Int64Var(&maxMB, "max-size", tap.DefaultMaxBytes/1000/1000, "with -o: stop before the file passes this many million bytes (0: no cap)")
 	return cmd
 }
 
@@ -109,6 +125,9 @@ func (e *env) runTap(ctx context.Context, name string, o tap.Options) error {
 		what := "printing decoded packets"
 		if o.Write != "" {
 			what = "writing " + o.Write
+			if o.MaxBytes > 0 {
+				what += fmt.Sprintf(" (up to %d MB, --max-size)", o.MaxBytes/1000/1000)
+			}
 		}
 		fmt.Fprintf(e.stderr, "abox: capturing on %s (%s), %s; Ctrl-C stops\n", o.Bridge, describeFilter(o), what)
 		switch {
@@ -123,6 +142,12 @@ func (e *env) runTap(ctx context.Context, name string, o tap.Options) error {
 		}
 	}
 	err = tap.Run(ctx, o, e.stdout, e.stderr, ready)
+	if errors.Is(err, tap.ErrCapReached) {
+		return withHint(fmt.Errorf("instance %s: %w", name, err), "the file ends on a whole packet and opens as it is; capture more with --max-size MB (0: no cap), or narrow it with --filter")
+	}
+	if errors.Is(err, syscall.ENOSPC) {
+		return withHint(fmt.Errorf("instance %s: %w", name, err), "the disk is full: the file ends on the last whole packet written; free space or write elsewhere with -o")
+	}
 	if errors.Is(err, tap.ErrNoTcpdump) {
 		return withHint(err, "install it with `apt-get install tcpdump` (`abox check-deps` lists what abox needs)")
 	}

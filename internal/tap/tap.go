@@ -28,6 +28,10 @@ type Options struct {
 	Write string
 	// Count stops after this many packets; 0 means until interrupted.
 	Count int
+	// MaxBytes caps the capture file (Write), pcap header included: the
+	// capture stops, the file ending on a whole packet, before it would
+	// pass the cap. 0 means no cap; the CLI's default is DefaultMaxBytes.
+	MaxBytes int64
 	// Filter is a BPF expression ANDed with the default exclusions.
 	Filter string
 	// IncludeSSH keeps host↔guest SSH (left out by default: it is abox's
@@ -62,6 +66,9 @@ func (o Options) Args() ([]string, error) {
 	}
 	if o.Count < 0 {
 		return nil, fmt.Errorf("packet count %d: want 0 (no limit) or more", o.Count)
+	}
+	if o.MaxBytes < 0 || (o.MaxBytes > 0 && o.MaxBytes <= pcapHeaderLen) {
+		return nil, fmt.Errorf("capture file cap of %d bytes: want 0 (no cap) or room for a packet", o.MaxBytes)
 	}
 	// --immediate-mode: packets reach the terminal or the file as they
 	// arrive rather than in ring-buffer blocks, so a short or interrupted
@@ -102,13 +109,15 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer, ready func())
 	tw := termtext.NewWriter(stdout)
 	defer tw.Flush()
 	var out io.Writer = tw
+	var cf *capFile
 	if o.Write != "" {
 		f, err := os.OpenFile(o.Write, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 		if err != nil {
 			return fmt.Errorf("opening the capture file: %w", err)
 		}
 		defer f.Close()
-		out = f
+		cf = newCapFile(f, o.MaxBytes)
+		out = cf
 	}
 	cmd.Stdout = out
 	cmd.Stderr = &readyWriter{w: stderr, ready: ready}
@@ -120,28 +129,50 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer, ready func())
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	var cut <-chan struct{}
+	if cf != nil {
+		cut = cf.stop
+	}
+	interrupted := false
 	select {
 	case err = <-done:
+	case <-cut:
+		// The file is at its cap or could not be written: the capture
+		// ends here, and says why below.
+		err = interrupt(cmd, done)
 	case <-ctx.Done():
-		cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case err = <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			err = <-done
+		err = interrupt(cmd, done)
+		interrupted = true
+	}
+	if cf != nil {
+		if packets, size, cerr := cf.result(); cerr != nil {
+			return fmt.Errorf("capture file %s (%d packets, %d bytes): %w", o.Write, packets, size, cerr)
 		}
-		if ctx.Err() != nil {
-			// An interrupted capture is a finished capture.
-			var ee *exec.ExitError
-			if err == nil || errors.As(err, &ee) {
-				return nil
-			}
+	}
+	if interrupted {
+		// An interrupted capture is a finished capture.
+		var ee *exec.ExitError
+		if err == nil || errors.As(err, &ee) {
+			return nil
 		}
 	}
 	if err != nil {
 		return fmt.Errorf("tcpdump on %s: %w", o.Bridge, err)
 	}
 	return nil
+}
+
+// interrupt stops tcpdump as Ctrl-C does, so that it flushes and reports
+// its counters, and kills it if it does not end.
+func interrupt(cmd *exec.Cmd, done <-chan error) error {
+	cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(5 * time.Second):
+		cmd.Process.Kill()
+		return <-done
+	}
 }
 
 // readyWriter passes tcpdump's stderr through and calls ready on the

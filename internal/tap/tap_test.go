@@ -3,6 +3,9 @@ package tap
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -47,22 +50,8 @@ func TestArgs(t *testing.T) {
 func TestRunWritesPcap(t *testing.T) {
 	need.Root(t, "tcpdump")
 	need.Program(t, "tcpdump")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := payloadServer(t, []byte("marker-in-the-capture"))
 	port := ln.Addr().(*net.TCPAddr).Port
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("marker-in-the-capture"))
-			c.Close()
-		}
-	}()
 	dir := t.TempDir()
 	os.Chmod(dir, 0o755)
 	pcap := filepath.Join(dir, "c.pcap")
@@ -115,6 +104,28 @@ func TestRunWritesPcap(t *testing.T) {
 	if !bytes.Contains(data, []byte("marker-in-the-capture")) {
 		t.Errorf("capture (%d bytes) lacks the payload; tcpdump said:\n%s", len(data), stderr.String())
 	}
+}
+
+// payloadServer listens on loopback and writes payload to each
+// connection, then closes it.
+func payloadServer(t *testing.T, payload []byte) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write(payload)
+			c.Close()
+		}
+	}()
+	return ln
 }
 
 type lockedWriter struct {
@@ -171,4 +182,69 @@ func TestKeysLastTapTurnsOff(t *testing.T) {
 	if sw.on {
 		t.Fatal("the last tap left the key log on")
 	}
+}
+
+// TestRunStopsAtCap runs the real tcpdump on loopback with a small cap
+// while traffic flows: the capture ends by itself with ErrCapReached, and
+// the file is within the cap and holds whole packets only.
+func TestRunStopsAtCap(t *testing.T) {
+	need.Root(t, "tcpdump")
+	need.Program(t, "tcpdump")
+	ln := payloadServer(t, bytes.Repeat([]byte("x"), 1000))
+	dir := t.TempDir()
+	pcap := filepath.Join(dir, "c.pcap")
+	const max = 20000
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var stderr bytes.Buffer
+	var mu sync.Mutex
+	errc := make(chan error, 1)
+	go func() {
+		o := Options{Bridge: "lo", Write: pcap, MaxBytes: max, Filter: "tcp port " + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)}
+		errc <- Run(ctx, o, nil, lockedWriter{&mu, &stderr}, nil)
+	}()
+	for {
+		select {
+		case err := <-errc:
+			if !errors.Is(err, ErrCapReached) {
+				mu.Lock()
+				t.Fatalf("Run = %v, want ErrCapReached; tcpdump said:\n%s", err, stderr.String())
+			}
+			data, err := os.ReadFile(pcap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(data) > max {
+				t.Fatalf("the capture file holds %d bytes, past its cap of %d", len(data), max)
+			}
+			if n := wholePackets(t, data); n == 0 {
+				t.Fatalf("the capped file holds no packet")
+			}
+			return
+		case <-ctx.Done():
+			t.Fatal("the capture went on past its cap")
+		default:
+		}
+		if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+			io.Copy(io.Discard, c)
+			c.Close()
+		}
+	}
+}
+
+// wholePackets checks that data is a pcap header and whole packet records
+// and returns how many there are.
+func wholePackets(t *testing.T, data []byte) int {
+	t.Helper()
+	if len(data) < pcapHeaderLen || binary.LittleEndian.Uint32(data) != pcapMagicMicros {
+		t.Fatalf("the file does not start with a pcap header: % x", data[:min(len(data), 8)])
+	}
+	n := 0
+	for b := data[pcapHeaderLen:]; len(b) > 0; n++ {
+		if len(b) < pcapRecordLen || len(b) < pcapRecordLen+int(binary.LittleEndian.Uint32(b[8:])) {
+			t.Fatalf("the file ends inside packet %d", n+1)
+		}
+		b = b[pcapRecordLen+int(binary.LittleEndian.Uint32(b[8:])):]
+	}
+	return n
 }
