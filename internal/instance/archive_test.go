@@ -176,6 +176,10 @@ func TestExportImportKeepsEverySetting(t *testing.T) {
 	}
 	f1 := r.m.Layout.Instance("dev")
 	qemu(t, "qemu-io", "-c", "write -q -P 0xab 1M 64k", f1.Disk)
+	// A snapshot (abox snapshot keeps them inside the qcow2) stays behind:
+	// export flattens the current state only, which import requires.
+	qemu(t, "qemu-img", "snapshot", "-c", "s1", f1.Disk)
+	qemu(t, "qemu-io", "-c", "write -q -P 0xcd 2M 64k", f1.Disk)
 	src, err := Load(r.m.Layout, "dev")
 	if err != nil {
 		t.Fatal(err)
@@ -431,6 +435,13 @@ func TestImportRefusesHostileContent(t *testing.T) {
 		{"backing file on the host", nil, disk(archive.DiskQCOW2, img("-f", "qcow2", "-F", "raw", "-b", hostFile, "1M")), "backing file"},
 		{"external data file", nil, disk(archive.DiskQCOW2, img("-f", "qcow2", "-o", "data_file="+filepath.Join(d, "data"), "1M")), "external data file"},
 		{"raw that probes as qcow2", nil, disk(archive.DiskRaw, img("-f", "qcow2", "1M")), `a "qcow2" image, want plain raw`},
+		{"internal snapshot", nil, disk(archive.DiskQCOW2, func() []byte {
+			p := filepath.Join(d, "snap.qcow2")
+			qemu(t, "qemu-img", "create", "-q", "-f", "qcow2", p, "1M")
+			qemu(t, "qemu-img", "snapshot", "-c", "s1", p)
+			b, _ := os.ReadFile(p)
+			return b
+		}()), "internal snapshot"},
 		{"another format", nil, disk(archive.DiskQCOW2, img("-f", "vmdk", "1M")), `a "vmdk" image`},
 		{"disk larger than the state says", nil, disk(archive.DiskQCOW2, img("-f", "qcow2", "2G")), "not within the state's 1 GiB"},
 		{"unknown state field", setState("evil", true), nil, "unknown field"},

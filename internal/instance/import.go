@@ -497,7 +497,10 @@ func (m *Manager) checkDisk(ctx context.Context, path, entry string, diskGiB uin
 		BackingFilename string `json:"backing-filename"`
 		FullBacking     string `json:"full-backing-filename"`
 		Encrypted       bool   `json:"encrypted"`
-		Specific        struct {
+		Snapshots       []struct {
+			Name string `json:"name"`
+		} `json:"snapshots"`
+		Specific struct {
 			Data struct {
 				DataFile string `json:"data-file"`
 			} `json:"data"`
@@ -513,6 +516,10 @@ func (m *Manager) checkDisk(ctx context.Context, path, entry string, diskGiB uin
 		return fmt.Errorf("the disk %s has a backing file %q: an archive's disk must stand alone (abox export flattens it)", entry, info.BackingFilename)
 	case info.Specific.Data.DataFile != "":
 		return fmt.Errorf("the disk %s has an external data file %q: an archive's disk must stand alone", entry, info.Specific.Data.DataFile)
+	case len(info.Snapshots) > 0:
+		// export never carries snapshots (qemu-img convert copies the
+		// current state only); libvirt would know nothing of these.
+		return fmt.Errorf("the disk %s holds %d internal snapshot(s): an archive's disk holds the current state only", entry, len(info.Snapshots))
 	case info.Encrypted:
 		return fmt.Errorf("the disk %s is encrypted", entry)
 	case info.VirtualSize <= 0 || info.VirtualSize > int64(diskGiB)<<30:
