@@ -30,6 +30,7 @@ type fakeKeyLog struct{ on bool }
 func (k *fakeKeyLog) SetKeyLog(on bool) error { k.on = on; return nil }
 func (k *fakeKeyLog) KeyLogPath() string      { return "/x/keys.log" }
 func (k *fakeKeyLog) KeyLogEnabled() bool     { return k.on }
+func (k *fakeKeyLog) KeyLogStopped() string   { return "" }
 
 // startServer runs a server on a socket in a short temp dir (unix socket
 // paths are limited to 108 bytes).

@@ -33,6 +33,8 @@ type KeyLogger interface {
 	SetKeyLog(enabled bool) error
 	KeyLogPath() string
 	KeyLogEnabled() bool
+	// KeyLogStopped is why the key log, while on, writes no more keys.
+	KeyLogStopped() string
 }
 
 // Server serves the API for one instance.
@@ -194,6 +196,9 @@ type Status struct {
 type KeyLogStatus struct {
 	Enabled bool   `json:"enabled"`
 	Path    string `json:"path"`
+	// Stopped, while Enabled, is why no more keys are written (the key
+	// log reached its cap, a write failed); empty otherwise.
+	Stopped string `json:"stopped,omitempty"`
 }
 
 // ErrorBody is every error response.
@@ -232,7 +237,8 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 		st.Components[c.Name()] = c.Stats()
 	}
 	if s.KeyLog != nil {
-		st.KeyLog = &KeyLogStatus{Enabled: s.KeyLog.KeyLogEnabled(), Path: s.KeyLog.KeyLogPath()}
+		k := s.keyLogStatus()
+		st.KeyLog = &k
 	}
 	writeJSON(w, http.StatusOK, st)
 }
@@ -398,7 +404,11 @@ func (s *Server) getKeyLog(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, errors.New("this instance has no HTTP filter"), "")
 		return
 	}
-	writeJSON(w, http.StatusOK, KeyLogStatus{Enabled: s.KeyLog.KeyLogEnabled(), Path: s.KeyLog.KeyLogPath()})
+	writeJSON(w, http.StatusOK, s.keyLogStatus())
+}
+
+func (s *Server) keyLogStatus() KeyLogStatus {
+	return KeyLogStatus{Enabled: s.KeyLog.KeyLogEnabled(), Path: s.KeyLog.KeyLogPath(), Stopped: s.KeyLog.KeyLogStopped()}
 }
 
 func (s *Server) setKeyLog(w http.ResponseWriter, r *http.Request) {
@@ -414,7 +424,7 @@ func (s *Server) setKeyLog(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusInternalServerError, err, "")
 		return
 	}
-	writeJSON(w, http.StatusOK, KeyLogStatus{Enabled: s.KeyLog.KeyLogEnabled(), Path: s.KeyLog.KeyLogPath()})
+	writeJSON(w, http.StatusOK, s.keyLogStatus())
 }
 
 func (s *Server) logger() *slog.Logger {

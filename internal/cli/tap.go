@@ -104,8 +104,9 @@ func (e *env) runTap(ctx context.Context, name string, o tap.Options) error {
 	files := l.Instance(name)
 
 	var keys *tap.Keys
+	client := api.NewClient(files.APISocket)
 	if !st.NoMITM {
-		keys, err = tap.HoldKeys(ctx, apiKeyLog{api.NewClient(files.APISocket)}, files.TapLock)
+		keys, err = tap.HoldKeys(ctx, apiKeyLog{client}, files.TapLock)
 		if errors.Is(err, api.ErrNotRunning) {
 			fmt.Fprintf(e.stderr, "warning: the filters of %s are not running, so no TLS keys are written (start it with `abox start %s`)\n", name, name)
 		} else if err != nil {
@@ -142,6 +143,15 @@ func (e *env) runTap(ctx context.Context, name string, o tap.Options) error {
 		}
 	}
 	err = tap.Run(ctx, o, e.stdout, e.stderr, ready)
+	if keys != nil {
+		// The key log has a cap of its own and stops at a failed write;
+		// the sessions after that are in the capture, not in the log.
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		if k, kerr := client.KeyLog(kctx); kerr == nil && k.Stopped != "" {
+			fmt.Fprintf(e.stderr, "warning: the TLS key log stopped during the capture (%s): sessions after that cannot be decrypted\n", k.Stopped)
+		}
+		cancel()
+	}
 	if errors.Is(err, tap.ErrCapReached) {
 		return withHint(fmt.Errorf("instance %s: %w", name, err), "the file ends on a whole packet and opens as it is; capture more with --max-size MB (0: no cap), or narrow it with --filter")
 	}

@@ -122,6 +122,8 @@ type hopts struct {
 	dialer     *recordingDialer
 	decisions  bool    // decision lines through a decisionlog.Writer (h.lines)
 	rate       float64 // Config.RequestRate (negative: no limit)
+	keyLog     string  // Config.KeyLogPath, if not logs/keys.log in a temporary directory
+	keyLogMax  int64   // Config.KeyLogMaxBytes
 	// wrapListener, when set, wraps the proxy's listener (its accepted
 	// connections are the guest's).
 	wrapListener func(net.Listener) net.Listener
@@ -206,6 +208,7 @@ func newHarness(t testing.TB, o hopts) *harness {
 		MITMExceptions:   o.exceptions,
 		UpstreamRoots:    roots,
 		KeyLogPath:       h.keyLog,
+		KeyLogMaxBytes:   o.keyLogMax,
 		DecisionLog:      slog.New(slog.NewJSONHandler(h.log, nil)),
 		MaxConns:         o.maxConns,
 		IdleTimeout:      o.idle,
@@ -213,6 +216,9 @@ func newHarness(t testing.TB, o hopts) *harness {
 	}
 	if o.handshake > 0 {
 		cfg.HandshakeTimeout = o.handshake
+	}
+	if o.keyLog != "" {
+		h.keyLog, cfg.KeyLogPath = o.keyLog, o.keyLog
 	}
 	cfg.ResponseHeaderTimeout = o.respHeader
 	cfg.RequestRate = o.rate

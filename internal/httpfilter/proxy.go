@@ -58,6 +58,9 @@ type Config struct {
 	UpstreamRoots *x509.CertPool
 	// KeyLogPath is where SetKeyLog(true) writes NSS key log lines.
 	KeyLogPath string
+	// KeyLogMaxBytes caps the key log file (what it held before counts);
+	// 0 means DefaultKeyLogMaxBytes. Past it keys are no longer written.
+	KeyLogMaxBytes int64
 	// DecisionLog receives one JSON line per request or tunnel; nil discards.
 	DecisionLog *slog.Logger
 	// Decisions, when set, takes the decision lines instead of DecisionLog:
@@ -212,7 +215,6 @@ func New(cfg Config) (*Proxy, error) {
 		dlog:       cfg.DecisionLog,
 		lines:      cfg.Decisions,
 		log:        cfg.Logger,
-		keylog:     &keyLog{path: cfg.KeyLogPath},
 		conns:      map[*idleConn]struct{}{},
 		limits:     newLimits(cfg),
 	}
@@ -224,6 +226,7 @@ func New(cfg Config) (*Proxy, error) {
 		p.log = slog.New(slog.DiscardHandler)
 	}
 	p.panics = contain.New(p.log)
+	p.keylog = &keyLog{path: cfg.KeyLogPath, max: cfg.KeyLogMaxBytes, log: p.log}
 	for _, port := range cfg.Ports {
 		p.ports[port] = true
 	}
@@ -418,53 +421,20 @@ type bufferPool struct{}
 func (bufferPool) Get() []byte  { return *copyBufs.Get().(*[]byte) }
 func (bufferPool) Put(b []byte) { copyBufs.Put(&b) }
 
-// keyLog is the switchable NSS key log shared by every interception.
-type keyLog struct {
-	mu   sync.Mutex
-	path string
-	f    io.WriteCloser // nil when off
-}
-
-func (k *keyLog) Write(b []byte) (int, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.f == nil {
-		return len(b), nil
-	}
-	return k.f.Write(b)
-}
-
-func (k *keyLog) set(on bool) error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if !on {
-		if k.f == nil {
-			return nil
-		}
-		err := k.f.Close()
-		k.f = nil
-		return err
-	}
-	if k.f != nil {
-		return nil
-	}
-	if k.path == "" {
-		return errors.New("enabling key log: no key log path configured")
-	}
-	f, err := openKeyLog(k.path)
-	if err != nil {
-		return err
-	}
-	k.f = f
-	return nil
-}
-
 // SetKeyLog switches the TLS key log of intercepted client sessions on or
 // off (api.KeyLogger).
 func (p *Proxy) SetKeyLog(on bool) error { return p.keylog.set(on) }
 
 // KeyLogPath is where the key log is written.
 func (p *Proxy) KeyLogPath() string { return p.cfg.KeyLogPath }
+
+// KeyLogStopped is why the key log, switched on, writes no more keys (its
+// cap, a failed write), or "".
+func (p *Proxy) KeyLogStopped() string {
+	p.keylog.mu.Lock()
+	defer p.keylog.mu.Unlock()
+	return p.keylog.stopped
+}
 
 // KeyLogEnabled reports whether key logging is on.
 func (p *Proxy) KeyLogEnabled() bool {
@@ -510,6 +480,7 @@ type Stats struct {
 	BytesFromGuest    uint64 `json:"bytes_from_guest"`
 	BytesToGuest      uint64 `json:"bytes_to_guest"`
 	KeyLog            bool   `json:"keylog"`
+	KeyLogStopped     string `json:"keylog_stopped,omitempty"`
 	CertsCached       int    `json:"certs_cached"`
 	Listen            string `json:"listen"`
 	// Panics counts panics recovered while serving one connection or
@@ -538,6 +509,7 @@ func (p *Proxy) Stats() any {
 		BytesFromGuest:    p.stats.bytesFromClients.Load(),
 		BytesToGuest:      p.stats.bytesToClients.Load(),
 		KeyLog:            p.KeyLogEnabled(),
+		KeyLogStopped:     p.KeyLogStopped(),
 		CertsCached:       p.cfg.CA.CachedLeaves(),
 		Listen:            p.Addr().String(),
 		Panics:            p.panics.Count(),
