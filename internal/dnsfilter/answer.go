@@ -147,7 +147,7 @@ func (s *Server) check(name string, qtype uint16, r *dns.Msg, now time.Time) *en
 			}
 		}
 	}
-	if upstream.LocalAlias(name, r.Answer) != "" {
+	if upstream.LocalAlias(name, r.Answer, s.addrs) != "" {
 		// The upstream followed an alias into a name the filter never
 		// forwards: its answer may describe the host's own network.
 		e.blockClass = classLocalAlias

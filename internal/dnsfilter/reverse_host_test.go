@@ -36,6 +36,11 @@ func TestReverseOfHostAddressesStaysLocal(t *testing.T) {
 			t.Errorf("PTR %s of the host's own address was forwarded", name)
 		}
 	}
+	// Nor through an alias the upstream follows.
+	h.up.Add("me.example.com. 60 IN CNAME 9.0.184.93.in-addr.arpa.", "9.0.184.93.in-addr.arpa. 60 IN PTR host.corp.example.")
+	if r := h.ask(t, "me.example.com", dns.TypePTR); rcode(r) != "NXDOMAIN" || len(r.Answer) != 0 {
+		t.Errorf("PTR of an alias of the host's reverse name: %s %v, want NXDOMAIN and nothing", rcode(r), r.Answer)
+	}
 	if r := h.ask(t, "14.215.184.93.in-addr.arpa", dns.TypePTR); rcode(r) != "NOERROR" || len(r.Answer) == 0 {
 		t.Errorf("PTR of a public address: %s %v, want an answer", rcode(r), r.Answer)
 	}

@@ -358,7 +358,10 @@ func lookupType(ctx context.Context, ex Exchanger, name string, t, udpSize uint1
 	default:
 		return nil, fmt.Errorf("resolving %s %s: upstream answered %s", name, dns.TypeToString[t], dns.RcodeToString[r.Rcode])
 	}
-	if a := LocalAlias(name, r.Answer); a != "" {
+	// The proxy resolves only A and AAAA: an alias into the reverse name of
+	// one of the host's own public addresses tells it nothing, and the
+	// address classes alone suffice here.
+	if a := LocalAlias(name, r.Answer, nil); a != "" {
 		return nil, &AliasError{Name: name, Alias: a}
 	}
 	return ChainAddrs(name, t, r.Answer), nil
@@ -433,18 +436,19 @@ func walkChain(name string, rrs []dns.RR, f func(string) bool) {
 // LocalAlias returns the first alias on the CNAME chain from name in rrs
 // that is a local name (allowlist.LocalName: single-label, special-use,
 // numeric) or a reverse-mapping name that is not a complete public address
-// (5.0.0.10.in-addr.arpa, 168.192.in-addr.arpa: netclass.ReversePublic), or
-// "". The queried name itself was decided by the filter; its aliases were
-// followed by the upstream, which may have answered them from the host's
-// own network (a LAN's reverse zone names its hosts).
-func LocalAlias(name string, rrs []dns.RR) string {
+// (5.0.0.10.in-addr.arpa, 168.192.in-addr.arpa: netclass.ReversePublic
+// with p, which may be nil: then the host's own addresses are not known),
+// or "". The queried name itself was decided by the filter; its aliases
+// were followed by the upstream, which may have answered them from the
+// host's own network (a LAN's reverse zone names its hosts).
+func LocalAlias(name string, rrs []dns.RR, p *netclass.Policy) string {
 	first, alias := true, ""
 	walkChain(name, rrs, func(n string) bool {
 		if first {
 			first = false
 			return true
 		}
-		if allowlist.LocalName(n) || privateReverse(n) {
+		if allowlist.LocalName(n) || privateReverse(n, p) {
 			alias = n
 			return false
 		}
@@ -454,11 +458,10 @@ func LocalAlias(name string, rrs []dns.RR) string {
 }
 
 // privateReverse reports whether n is a reverse-mapping name the filters
-// never ask about (netclass.ReversePublic with no host policy: the address
-// classes alone).
-func privateReverse(n string) bool {
+// never ask about (netclass.ReversePublic).
+func privateReverse(n string, p *netclass.Policy) bool {
 	n = strings.ToLower(strings.TrimSuffix(n, "."))
-	return netclass.IsReverseName(n) && !netclass.ReversePublic(n, nil)
+	return netclass.IsReverseName(n) && !netclass.ReversePublic(n, p)
 }
 
 // AliasError is a lookup whose answer is an alias of a local name
