@@ -58,7 +58,7 @@ func TestNetworkSpecificNAT64Refused(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	ask := func(name string) *dns.Msg {
-		r, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(new(dns.Msg).SetQuestion(name, dns.TypeAAAA), info.DNSAddr.String())
+		r, _, err := (&dns.Client{Timeout: 30 * time.Second}).Exchange(new(dns.Msg).SetQuestion(name, dns.TypeAAAA), info.DNSAddr.String())
 		if err != nil {
 			t.Fatalf("query %s: %v", name, err)
 		}
@@ -106,7 +106,7 @@ func TestLookupNAT64(t *testing.T) {
 
 func newTestUpstream(t *testing.T, addr string) *upstream.Client {
 	t.Helper()
-	c, err := upstream.New(upstream.Config{Servers: []string{addr}, Timeout: time.Second})
+	c, err := upstream.New(upstream.Config{Servers: []string{addr}, Timeout: 15 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,7 +117,7 @@ func startPlaneLogs(t *testing.T, dc DNSConfig, hc HTTPConfig, lc LogConfig) *pl
 
 func (p *plane) query(t *testing.T, name string) int {
 	t.Helper()
-	r, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(new(dns.Msg).SetQuestion(name, dns.TypeA), p.info.DNSAddr.String())
+	r, _, err := (&dns.Client{Timeout: 30 * time.Second}).Exchange(new(dns.Msg).SetQuestion(name, dns.TypeA), p.info.DNSAddr.String())
 	if err != nil {
 		t.Fatalf("query %s: %v", name, err)
 	}

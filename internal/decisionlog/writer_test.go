@@ -119,7 +119,7 @@ func TestWriterFlushesAlone(t *testing.T) {
 	w := New(Config{Sinks: []io.Writer{s}, Interval: 10 * time.Millisecond})
 	defer w.Close()
 	emitN(w, 0, 1)
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		s.mu.Lock()
 		n := s.b.Len()

@@ -92,7 +92,7 @@ func TestIdleTCPCannotStarve(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond) // let the server accept them all
 	for i := 0; i < 3; i++ {
-		r, _, err := (&dns.Client{Net: "tcp", Timeout: 2 * time.Second}).Exchange(query("example.com", dns.TypeA, 0), h.addr)
+		r, _, err := (&dns.Client{Net: "tcp", Timeout: clientTimeout}).Exchange(query("example.com", dns.TypeA, 0), h.addr)
 		if err != nil || r.Rcode != dns.RcodeSuccess {
 			t.Fatalf("TCP query %d with every slot held: %v %v", i, r, err)
 		}

@@ -103,11 +103,27 @@ type harnessOptions struct {
 	passive    bool
 	// upstreams replaces the fake upstream's address when set (the fake still runs).
 	upstreams []string
-	tweak     func(*dnsfilter.Config)
-	watch     bool
+	// upstreamTimeout is the filter's wait for an upstream answer;
+	// 0 means liveUpstreamTimeout.
+	upstreamTimeout time.Duration
+	tweak           func(*dnsfilter.Config)
+	watch           bool
 	// listen is the address to serve on; 127.0.0.1:0 when empty.
 	listen string
 }
+
+// Every answer through the fake upstream passes the filter's upstream
+// timeout, and every answer the filter gives passes the test client's.
+// Neither is what a test checks: a fake upstream on loopback is slow only
+// on a loaded machine (at 1 s, TestAliasIntoLocalNameRefused got SERVFAIL
+// there), so both are bounds for a hang, not for speed. Tests of a dead
+// upstream set upstreamTimeout to deadUpstreamTimeout, well inside the
+// client's wait.
+const (
+	liveUpstreamTimeout = 15 * time.Second
+	deadUpstreamTimeout = 2 * time.Second
+	clientTimeout       = 30 * time.Second
+)
 
 type harness struct {
 	srv   *dnsfilter.Server
@@ -197,10 +213,11 @@ func start(t *testing.T, o harnessOptions) *harness {
 	if servers == nil {
 		servers = []string{h.up.Addr}
 	}
-	// Every answer passes through this timeout: it is wide enough that a
-	// loaded machine's fake upstream is not taken for a dead one, and short
-	// enough that the dead-upstream tests answer well inside a client's 3 s.
-	up, err := upstream.New(upstream.Config{Servers: servers, Timeout: time.Second})
+	timeout := o.upstreamTimeout
+	if timeout == 0 {
+		timeout = liveUpstreamTimeout
+	}
+	up, err := upstream.New(upstream.Config{Servers: servers, Timeout: timeout})
 	if err != nil {
 		t.Fatalf("upstream.New: %v", err)
 	}
@@ -279,7 +296,7 @@ func query(name string, qtype uint16, ednsSize uint16) *dns.Msg {
 
 func (h *harness) exchange(t *testing.T, m *dns.Msg, network string) *dns.Msg {
 	t.Helper()
-	c := &dns.Client{Net: network, Timeout: 3 * time.Second, UDPSize: dns.MaxMsgSize}
+	c := &dns.Client{Net: network, Timeout: clientTimeout, UDPSize: dns.MaxMsgSize}
 	r, _, err := c.Exchange(m, h.addr)
 	if err != nil {
 		t.Fatalf("exchange %s %s over %s: %v", m.Question[0].Name, dns.TypeToString[m.Question[0].Qtype], network, err)
@@ -308,7 +325,7 @@ func (h *harness) raw(t *testing.T, m *dns.Msg) []byte {
 	if _, err := c.Write(b); err != nil {
 		t.Fatal(err)
 	}
-	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	c.SetReadDeadline(time.Now().Add(clientTimeout))
 	buf := make([]byte, 65535)
 	n, err := c.Read(buf)
 	if err != nil {

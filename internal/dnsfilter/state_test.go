@@ -142,14 +142,14 @@ func TestFailover(t *testing.T) {
 	}
 	defer dead.Close()
 	t.Run("first dead", func(t *testing.T) {
-		h := start(t, harnessOptions{upstreams: []string{dead.LocalAddr().String()}})
-		h2 := start(t, harnessOptions{upstreams: []string{dead.LocalAddr().String(), h.up.Addr}})
+		h := start(t, harnessOptions{upstreams: []string{dead.LocalAddr().String()}, upstreamTimeout: deadUpstreamTimeout})
+		h2 := start(t, harnessOptions{upstreams: []string{dead.LocalAddr().String(), h.up.Addr}, upstreamTimeout: deadUpstreamTimeout})
 		if r := h2.ask(t, "example.com", dns.TypeA); rcode(r) != "NOERROR" || len(r.Answer) != 1 {
 			t.Fatalf("rcode %s answer %v, want NOERROR from the second upstream", rcode(r), r.Answer)
 		}
 	})
 	t.Run("all dead", func(t *testing.T) {
-		h := start(t, harnessOptions{upstreams: []string{dead.LocalAddr().String()}})
+		h := start(t, harnessOptions{upstreams: []string{dead.LocalAddr().String()}, upstreamTimeout: deadUpstreamTimeout})
 		r := h.ask(t, "example.com", dns.TypeA)
 		if rcode(r) != "SERVFAIL" {
 			t.Fatalf("rcode %s, want SERVFAIL", rcode(r))

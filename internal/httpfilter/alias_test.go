@@ -33,7 +33,7 @@ func TestAliasIntoLocalNameRefused(t *testing.T) {
 		"rev.allowed.test. 60 IN CNAME 1.0.0.127.in-addr.arpa.",
 		"1.0.0.127.in-addr.arpa. 60 IN A 127.0.0.1",
 	)
-	up, err := upstream.New(upstream.Config{Servers: []string{dns.Addr}, Timeout: 2 * time.Second})
+	up, err := upstream.New(upstream.Config{Servers: []string{dns.Addr}, Timeout: 15 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -186,7 +186,7 @@ func TestRebinding(t *testing.T) {
 func TestResolveOnceThroughUpstream(t *testing.T) {
 	dns := fakedns.StartT(t)
 	dns.Add("origin.test. 60 IN A 127.0.0.1")
-	up, err := upstream.New(upstream.Config{Servers: []string{dns.Addr}, Timeout: 2 * time.Second})
+	up, err := upstream.New(upstream.Config{Servers: []string{dns.Addr}, Timeout: 15 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

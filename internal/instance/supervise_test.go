@@ -170,7 +170,7 @@ func TestSupervisorHoldsSocketsAcrossRestarts(t *testing.T) {
 	}
 
 	// The new process serves on the handed-over socket.
-	c := &dns.Client{Timeout: 2 * time.Second}
+	c := &dns.Client{Timeout: 30 * time.Second}
 	r, _, err := c.Exchange(new(dns.Msg).SetQuestion("allowed.example.com.", dns.TypeA), dnsAddr)
 	if err != nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
 		t.Fatalf("query through the restarted filter: %v, %v", r, err)
