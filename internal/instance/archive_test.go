@@ -15,6 +15,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -417,6 +418,18 @@ func TestImportRefusesHostileContent(t *testing.T) {
 		}
 		return b
 	}
+	// Backing and data files that are FIFOs: an import that opened them
+	// would hang (and then fail with another message).
+	fifoBacking, fifoData := filepath.Join(d, "fifo-backing"), filepath.Join(d, "fifo-data")
+	os.WriteFile(fifoBacking, nil, 0o600)
+	backed := img("-f", "qcow2", "-F", "raw", "-b", fifoBacking, "1M")
+	withData := img("-f", "qcow2", "-o", "data_file="+fifoData, "1M")
+	for _, p := range []string{fifoBacking, fifoData} {
+		os.Remove(p)
+		if err := syscall.Mkfifo(p, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	disk := func(name string, body []byte) func(string, []byte) (string, []byte) {
 		return func(n string, b []byte) (string, []byte) {
 			if archive.IsDisk(n) {
@@ -433,6 +446,8 @@ func TestImportRefusesHostileContent(t *testing.T) {
 		want      string
 	}{
 		{"backing file on the host", nil, disk(archive.DiskQCOW2, img("-f", "qcow2", "-F", "raw", "-b", hostFile, "1M")), "backing file"},
+		{"backing file that is a FIFO", nil, disk(archive.DiskQCOW2, backed), "backing file"},
+		{"external data file that is a FIFO", nil, disk(archive.DiskQCOW2, withData), "external data file"},
 		{"external data file", nil, disk(archive.DiskQCOW2, img("-f", "qcow2", "-o", "data_file="+filepath.Join(d, "data"), "1M")), "external data file"},
 		{"raw that probes as qcow2", nil, disk(archive.DiskRaw, img("-f", "qcow2", "1M")), `a "qcow2" image, want plain raw`},
 		{"internal snapshot", nil, disk(archive.DiskQCOW2, func() []byte {

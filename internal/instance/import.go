@@ -487,7 +487,11 @@ func (m *Manager) checkDisk(ctx context.Context, path, entry string, diskGiB uin
 	if entry == archive.DiskRaw {
 		want = "raw"
 	}
-	out, err := m.Run.Run(ctx, "qemu-img", "info", "--output=json", path)
+	// qemu-img info opens neither a backing nor a data file (checked in
+	// the tests with FIFOs there); the bound is for anything else.
+	ictx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	out, err := m.Run.Run(ictx, "qemu-img", "info", "--output=json", path)
 	if err != nil {
 		return fmt.Errorf("the disk: %w", err)
 	}
