@@ -49,7 +49,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, name, snap, description st
 	if err := libvirt.SnapshotDescription(description); err != nil {
 		return libvirt.Snapshot{}, err
 	}
-	unlock, err := lockInstance(m.Layout, name)
+	unlock, err := m.lockWaiting(name)
 	if err != nil {
 		return libvirt.Snapshot{}, err
 	}
@@ -75,6 +75,15 @@ func (m *Manager) CreateSnapshot(ctx context.Context, name, snap, description st
 		return libvirt.Snapshot{}, fmt.Errorf("snapshot %s of %s: %w", snap, name, err)
 	}
 	return s, nil
+}
+
+// lockWaiting takes the instance lock, saying so when another command
+// (a start, stop, remove or another snapshot command) holds it and this
+// one waits for it to finish.
+func (m *Manager) lockWaiting(name string) (func(), error) {
+	return lockInstanceNotify(m.Layout, name, func() {
+		m.progress("%s: another abox command (start, stop, remove, snapshot) is working on it; waiting for it to finish", name)
+	})
 }
 
 // domainState is the instance's domain state, with the fix in the error
@@ -157,7 +166,7 @@ func (m *Manager) RevertSnapshot(ctx context.Context, name, snap string) (Revert
 	if err := validate.SnapshotName(snap); err != nil {
 		return RevertResult{}, err
 	}
-	unlock, err := lockInstance(m.Layout, name)
+	unlock, err := m.lockWaiting(name)
 	if err != nil {
 		return RevertResult{}, err
 	}
@@ -287,7 +296,7 @@ func (m *Manager) RemoveSnapshots(ctx context.Context, name string, snaps []stri
 			return nil, err
 		}
 	}
-	unlock, err := lockInstance(m.Layout, name)
+	unlock, err := m.lockWaiting(name)
 	if err != nil {
 		return nil, err
 	}

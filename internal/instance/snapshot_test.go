@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/testutil/syncbuf"
 	"libvirt.org/go/libvirtxml"
 )
 
@@ -326,5 +327,39 @@ func TestRemoveTakesTheSnapshots(t *testing.T) {
 	}
 	if !slices.Contains(r.hv.callList(), "UndefineDomain") {
 		t.Error("the domain (and with it libvirt's snapshot records) was not undefined")
+	}
+}
+
+// A snapshot command on an instance another command holds (a start or stop
+// in progress) says that it waits, then runs once the lock is free.
+func TestSnapshotWaitsForTheInstanceLock(t *testing.T) {
+	ctx := context.Background()
+	r := snapRig(t, true)
+	var progress syncbuf.Buffer
+	r.m.Progress = &progress
+	unlock, err := lockInstance(r.m.Layout, "dev") // as a running abox stop would
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.m.RevertSnapshot(ctx, "dev", "nope")
+		done <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(progress.String(), "waiting for it to finish") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no word of waiting; progress:\n%s", progress.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the revert ran while the lock was held: %v", err)
+	default:
+	}
+	unlock()
+	if err := <-done; !errors.Is(err, ErrSnapshotNotFound) {
+		t.Errorf("after the lock was released: %v, want ErrSnapshotNotFound", err)
 	}
 }

@@ -206,10 +206,26 @@ func listStates(l paths.Layout) ([]State, map[string]error, error) {
 // lockFile takes an exclusive flock on path, creating it. The lock is held
 // until the returned function is called (or the process dies, so a crash
 // never leaves a stale lock).
-func lockFile(path string) (func(), error) {
+func lockFile(path string) (func(), error) { return lockFileNotify(path, nil) }
+
+// lockFileNotify is lockFile that calls busy, when not nil, before it
+// waits for another holder.
+func lockFileNotify(path string, busy func()) (func(), error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, PrivateFile)
 	if err != nil {
 		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	if busy != nil {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() {
+				syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+				f.Close()
+			}, nil
+		}
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			busy()
+		}
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 		f.Close()
@@ -233,6 +249,12 @@ func globalLock(l paths.Layout) (func(), error) {
 // does not exist: the lock is not created for it (that would leave an
 // empty directory behind a typo).
 func lockInstance(l paths.Layout, name string) (func(), error) {
+	return lockInstanceNotify(l, name, nil)
+}
+
+// lockInstanceNotify is lockInstance that calls busy before it waits for
+// another command holding the lock (a start, stop or remove in progress).
+func lockInstanceNotify(l paths.Layout, name string, busy func()) (func(), error) {
 	if err := validate.InstanceName(name); err != nil {
 		return nil, err
 	}
@@ -240,7 +262,7 @@ func lockInstance(l paths.Layout, name string) (func(), error) {
 	if _, err := os.Stat(f.Dir); errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("instance %s: %w", name, ErrNotFound)
 	}
-	return lockFile(f.Lock)
+	return lockFileNotify(f.Lock, busy)
 }
 
 // MonitorBundle is a checked Tetragon bundle in the host's agent cache.

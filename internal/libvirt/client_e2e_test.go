@@ -31,10 +31,12 @@ func TestE2ELifecycle(t *testing.T) {
 	defer cancel()
 	sock := os.Getenv("ABOX_LIBVIRT_SOCKET")
 	var netns []string // prefix that runs a command where libvirtd's bridges are
+	var env *harness.Env
 	if sock == "" {
 		// Never the host's libvirtd: a private one in a namespace of its own.
 		need.Root(t, "a private libvirtd")
-		env, err := harness.Start(ctx, "libvirt-client", harness.Options{Logf: t.Logf})
+		var err error
+		env, err = harness.Start(ctx, "libvirt-client", harness.Options{Logf: t.Logf})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +71,11 @@ func TestE2ELifecycle(t *testing.T) {
 	p.DiskPath = filepath.Join(dir, "disk.qcow2")
 	p.SeedISOPath = filepath.Join(dir, "seed.iso")
 	p.SerialLogPath = filepath.Join(dir, "serial.log")
-	run(t, "qemu-img", "create", "-q", "-f", "qcow2", p.DiskPath, "64M")
+	// An overlay on a base, as an instance's disk is (snapshots must
+	// never write the base).
+	base := filepath.Join(dir, "base.qcow2")
+	run(t, "qemu-img", "create", "-q", "-f", "qcow2", base, "64M")
+	run(t, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base, p.DiskPath, "64M")
 	if err := os.WriteFile(filepath.Join(dir, "meta-data"), []byte("instance-id: x\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -179,6 +185,8 @@ func TestE2ELifecycle(t *testing.T) {
 	}
 	t.Logf("ebtables:\n%s\niptables:\n%s\nip6tables:\n%s", eb, ipt, ip6)
 
+	snapshotLifecycle(t, ctx, c, p, base, env)
+
 	// The guest never boots an OS, so ACPI shutdown is ignored: destroy.
 	must(t, c.ShutdownDomain(ctx, dom))
 	must(t, c.DestroyDomain(ctx, dom))
@@ -198,6 +206,95 @@ func TestE2ELifecycle(t *testing.T) {
 	}
 	if _, err := c.NetworkActive(ctx, nw); !errors.Is(err, ErrNotFound) {
 		t.Errorf("network still there: %v", err)
+	}
+	if env != nil {
+		// UndefineDomain took libvirt's records of the snapshot "left".
+		if _, err := os.Stat(filepath.Join(env.Dir, "lib", "qemu", "snapshot", dom)); !os.IsNotExist(err) {
+			t.Errorf("snapshot records of %s left behind: %v", dom, err)
+		}
+	}
+}
+
+// snapshotLifecycle takes, reverts to and deletes snapshots of the running
+// firmware-only guest of TestE2ELifecycle (no OS: its memory is small, so
+// this costs seconds) and of the stopped domain, and leaves one snapshot,
+// "left", for the undefine that follows to take with the domain.
+func snapshotLifecycle(t *testing.T, ctx context.Context, c *Client, p Params, base string, env *harness.Env) {
+	dom := DomainName(p.Name)
+	state := func(want DomainState) {
+		t.Helper()
+		if st, err := c.State(ctx, dom); err != nil || st != want {
+			t.Fatalf("domain is %s (%v), want %s", st, err, want)
+		}
+	}
+	timed := func(what string, f func() error) {
+		t.Helper()
+		t0 := time.Now()
+		err := f()
+		t.Logf("FIGURE %s: %s", what, time.Since(t0).Round(10*time.Millisecond))
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	var warm Snapshot
+	timed("snapshot-create-running (firmware guest)", func() (err error) {
+		warm, err = c.CreateSnapshot(ctx, dom, "warm", "firmware & all")
+		return err
+	})
+	if warm.State != StateRunning || !warm.Current || warm.Description != "firmware & all" || warm.Created.IsZero() {
+		t.Errorf("warm = %+v", warm)
+	}
+	if _, err := c.CreateSnapshot(ctx, dom, "warm", ""); !errors.Is(err, ErrSnapshotExists) {
+		t.Errorf("a second warm = %v, want ErrSnapshotExists", err)
+	}
+	timed("snapshot-revert-running-to-running", func() error { return c.RevertSnapshot(ctx, dom, "warm") })
+	state(StateRunning)
+	def, err := c.Domain(ctx, dom)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckNetwork(def, p); err != nil {
+		t.Errorf("after the revert: %v", err)
+	}
+	must(t, c.DestroyDomain(ctx, dom))
+	timed("snapshot-create-stopped", func() error {
+		_, err := c.CreateSnapshot(ctx, dom, "cold", "")
+		return err
+	})
+	timed("snapshot-revert-stopped-to-running", func() error { return c.RevertSnapshot(ctx, dom, "warm") })
+	state(StateRunning)
+	timed("snapshot-revert-running-to-stopped", func() error { return c.RevertSnapshot(ctx, dom, "cold") })
+	state(StateShutoff)
+	list, err := c.Snapshots(ctx, dom)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 2 || list[0].Name != "warm" || list[1].Name != "cold" || list[1].State != StateShutoff || !list[1].Current || list[0].Current {
+		t.Errorf("Snapshots = %+v", list)
+	}
+	if out := output(t, "qemu-img", "snapshot", "-l", "-U", p.DiskPath); !strings.Contains(out, "warm") || !strings.Contains(out, "cold") {
+		t.Errorf("the overlay's snapshot table:\n%s", out)
+	}
+	if out := output(t, "qemu-img", "snapshot", "-l", "-U", base); strings.TrimSpace(out) != "" {
+		t.Errorf("the base image has snapshots:\n%s", out)
+	}
+	for _, n := range []string{"warm", "cold"} {
+		must(t, c.DeleteSnapshot(ctx, dom, n))
+	}
+	if err := c.DeleteSnapshot(ctx, dom, "cold"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("deleting cold twice = %v, want ErrNotFound", err)
+	}
+	if out := output(t, "qemu-img", "snapshot", "-l", "-U", p.DiskPath); strings.TrimSpace(out) != "" {
+		t.Errorf("deleted snapshots are still in the overlay:\n%s", out)
+	}
+	must(t, c.StartDomain(ctx, dom))
+	if _, err := c.CreateSnapshot(ctx, dom, "left", ""); err != nil {
+		t.Fatal(err)
+	}
+	if env != nil {
+		if _, err := os.Stat(filepath.Join(env.Dir, "lib", "qemu", "snapshot", dom, "left.xml")); err != nil {
+			t.Errorf("libvirt's record of snapshot left is not where the test looks: %v", err)
+		}
 	}
 }
 

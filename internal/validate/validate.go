@@ -31,14 +31,9 @@ func InstanceName(name string) error {
 	if namePattern.MatchString(name) {
 		return nil
 	}
-	var problem string
+	problem := lengthProblem(name)
 	switch {
-	case name == "":
-		problem = "it is empty"
-	case !utf8.ValidString(name):
-		problem = "it is not valid UTF-8"
-	case len(name) > MaxNameLen:
-		problem = fmt.Sprintf("it is %d bytes long, the limit is %d", len(name), MaxNameLen)
+	case problem != "":
 	case !isASCIILetter(name[0]):
 		problem = "it must start with a letter (a-z, A-Z)"
 	default:
@@ -47,6 +42,20 @@ func InstanceName(name string) error {
 	}
 	return fmt.Errorf("validating instance name %q: %s (use something like \"dev\" or \"agent-1\", matching %s)",
 		name, problem, namePattern.String())
+}
+
+// lengthProblem is what is wrong with a name before its characters are
+// looked at: empty, not UTF-8, or too long; "" when nothing.
+func lengthProblem(name string) string {
+	switch {
+	case name == "":
+		return "it is empty"
+	case !utf8.ValidString(name):
+		return "it is not valid UTF-8"
+	case len(name) > MaxNameLen:
+		return fmt.Sprintf("it is %d bytes long, the limit is %d", len(name), MaxNameLen)
+	}
+	return ""
 }
 
 func isASCIILetter(b byte) bool { return (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') }
@@ -172,18 +181,13 @@ var snapshotPattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
 // it. All digits is refused: QEMU looks an internal snapshot up by its
 // numeric id as well as by its name, so "2" could mean another snapshot.
 func SnapshotName(name string) error {
-	var problem string
+	problem := lengthProblem(name)
 	switch {
 	case snapshotPattern.MatchString(name) && strings.Trim(name, "0123456789") == "":
 		problem = "it is all digits, which QEMU would take for a snapshot id"
 	case snapshotPattern.MatchString(name):
 		return nil
-	case name == "":
-		problem = "it is empty"
-	case !utf8.ValidString(name):
-		problem = "it is not valid UTF-8"
-	case len(name) > MaxNameLen:
-		problem = fmt.Sprintf("it is %d bytes long, the limit is %d", len(name), MaxNameLen)
+	case problem != "":
 	case !isSnapshotRune(rune(name[0])) || name[0] == '.' || name[0] == '_' || name[0] == '-':
 		problem = "it must start with a letter or a digit"
 	default:
