@@ -2,6 +2,8 @@ package cli
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -69,5 +71,21 @@ func TestRenderSnapshots(t *testing.T) {
 	}
 	if strings.Contains(b.String(), "\x1b") {
 		t.Errorf("a control character reached the table: %q", b.String())
+	}
+}
+
+// An unknown snapshot or instance gets its fix as a hint, once.
+func TestSnapshotHint(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("instance dev: %w nope", instance.ErrSnapshotNotFound), "`abox snapshot list dev` shows its snapshots"},
+		{fmt.Errorf("instance dev: %w", instance.ErrNotFound), "abox create dev"},
+	} {
+		var he *hintError
+		if err := snapshotHint("dev", tc.err); !errors.As(err, &he) || !strings.Contains(he.hint, tc.want) || strings.Contains(err.Error(), tc.want) {
+			t.Errorf("snapshotHint(%v) = %v, want the hint %q once", tc.err, err, tc.want)
+		}
 	}
 }

@@ -285,7 +285,7 @@ func (m *Manager) findSnapshot(ctx context.Context, name, snap string) (libvirt.
 			return s, nil
 		}
 	}
-	return libvirt.Snapshot{}, fmt.Errorf("instance %s: %w %s (abox snapshot list %s shows its snapshots)", name, ErrSnapshotNotFound, snap, name)
+	return libvirt.Snapshot{}, fmt.Errorf("instance %s: %w %s", name, ErrSnapshotNotFound, snap)
 }
 
 // RemoveSnapshots deletes snapshots of instance name: the ones named, or
