@@ -20,10 +20,10 @@ import (
 func FuzzImportedState(f *testing.F) {
 	l := paths.Layout{Root: "/var/lib/abox"}
 	seed := State{Name: "dev", UUID: "4f1c2a7e-9b3d-4c5e-8f6a-0b1c2d3e4f50", Base: "debian-12", CPUs: 2, MemoryMiB: 1024, DiskGiB: 10, User: "abox", Accel: "tcg", ProxyPort: DefaultProxyPort,
-		Kernel: "/var/lib/abox/images/debian-12/kernel", Cmdline: "console=ttyS0", UpstreamCA: "/var/lib/abox/instances/dev/upstream-ca.pem", Upstreams: []string{"192.0.2.53"},
+		Kernel: "/var/lib/abox/images/debian-12/kernel", Initrd: "/var/lib/abox/images/debian-12/initrd.img", Cmdline: "console=ttyS0", UpstreamCA: "/var/lib/abox/instances/dev/upstream-ca.pem", Upstreams: []string{"192.0.2.53"},
 		MonitorBundle: &MonitorBundle{SHA256: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", Source: "release v1.7.1", Path: "/etc/shadow"}, Monitor: true}
-	b, _ := json.Marshal(seed)
-	f.Add(b, true)
+	good, _ := json.Marshal(seed)
+	f.Add(good, true)
 	f.Add([]byte(`{"name":"x","user":"root","proxy_port":22,"kernel":"/etc/passwd"}`), false)
 	f.Fuzz(func(t *testing.T, data []byte, carried bool) {
 		var src State
@@ -40,6 +40,9 @@ func FuzzImportedState(f *testing.F) {
 		}
 		st, err := importedState(&Manager{Layout: l}, src, "imported", has)
 		if err != nil {
+			if bytes.Equal(data, good) && carried {
+				t.Fatalf("the seed of a good state is refused: %v", err)
+			}
 			return
 		}
 		own := l.Instance("imported")
