@@ -115,6 +115,7 @@ func TestWorkflow(t *testing.T) {
 			}
 		}
 		w.abox("remove", "--force", "wf")
+		w.abox("remove", "--force", "wf2")
 		exec.Command("umount", "-l", mnt).Run()
 		if err := l.Close(cctx); err != nil {
 			t.Errorf("teardown: %v", err)
@@ -366,6 +367,8 @@ provision:
 			t.Errorf("forward from abox.yaml: %v %q", err, out)
 		}
 	})
+
+	t.Run("an exported instance imports under a new name and boots with its files and filters", func(t *testing.T) { w.exportImport(t) })
 
 	t.Run("down stops forwards; up brings the instance and its forwards back", func(t *testing.T) {
 		w.must(t, "down")
