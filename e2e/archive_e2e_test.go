@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,11 +70,16 @@ func (w *wf) exportImport(t *testing.T) {
 	if addr := guest("ip -4 -o addr show scope global | awk '{print $4}'"); addr != got.GuestIP.String()+"/24" {
 		t.Errorf("the guest's address is %q, want its new %s/24", addr, got.GuestIP)
 	}
-	// The carried CA: the proxy intercepts with it and the guest trusts it.
-	if code := guest("curl -sS -m 20 -o /dev/null -w '%{http_code}' https://allowed.test/"); code != "200" {
-		t.Errorf("allowlisted HTTPS from wf2 = %q", code)
+	// cloud-init took the new seed: the guest's proxy is the new gateway.
+	proxy := fmt.Sprintf("http://%s:%d", gw, instance.DefaultProxyPort)
+	if env := guest("echo $https_proxy"); env != proxy {
+		t.Errorf("https_proxy in wf2 = %q, want %s", env, proxy)
 	}
-	if code := guest("curl -sS -m 20 -o /dev/null -w '%{http_code}' http://blocked.test/ || true"); code != "403" {
+	// The carried CA: the proxy intercepts with it and the guest trusts it.
+	if out := guest("curl -sS -m 20 --noproxy '' -x " + proxy + " https://allowed.test/after-import"); !strings.Contains(out, "GET /after-import") {
+		t.Errorf("allowlisted HTTPS from wf2: %q", out)
+	}
+	if code := guest("curl -sS -m 20 --noproxy '' -x " + proxy + " -o /dev/null -w '%{http_code}' http://blocked.test/ || true"); code != "403" {
 		t.Errorf("blocked HTTP from wf2 = %q, want 403", code)
 	}
 	if got := guest("dig +short +tries=1 +time=5 @" + gw + " blocked.test"); got != "" {
