@@ -311,7 +311,11 @@ later builds and other ABOX_HOMEs reuse it.`,
 				}
 				var users []string
 				for _, st := range sts {
-					if st.Base == base {
+					if st.Base != base {
+						continue
+					}
+					// An imported instance names its base but does not use it.
+					if uses, err := instance.UsesBase(l, st); err != nil || uses {
 						users = append(users, st.Name)
 					}
 				}

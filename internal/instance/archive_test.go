@@ -255,6 +255,20 @@ func TestExportImportKeepsEverySetting(t *testing.T) {
 	if _, err := r.hv.State(ctx, libvirt.DomainName("dev2")); err != nil {
 		t.Errorf("dev2 has no domain: %v", err)
 	}
+	// The base may go: dev uses it, dev2 (flattened, its own kernel) not.
+	for _, c := range []struct {
+		st   State
+		want bool
+	}{{src, true}, {got, false}} {
+		if uses, err := UsesBase(r.m.Layout, c.st); err != nil || uses != c.want {
+			t.Errorf("UsesBase(%s) = %v, %v; want %v", c.st.Name, uses, err, c.want)
+		}
+	}
+	noKernel := src
+	noKernel.Kernel = ""
+	if uses, err := UsesBase(r.m.Layout, noKernel); err != nil || !uses {
+		t.Errorf("UsesBase of an overlay disk = %v, %v; want true", uses, err)
+	}
 
 	// The archive's name is taken: the error names --name.
 	if _, _, err := r.m.Import(ctx, out, ImportOptions{Trust: true}); err == nil || !strings.Contains(err.Error(), "--name") {

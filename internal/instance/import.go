@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +27,7 @@ import (
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/paths"
 	"github.com/abox-dev/abox/internal/termtext"
 	"github.com/abox-dev/abox/internal/tetragon"
 	"github.com/abox-dev/abox/internal/upstream"
@@ -605,4 +607,30 @@ func openRegular(file string) (*os.File, error) {
 		return nil, err
 	}
 	return fh, nil
+}
+
+// UsesBase reports whether st depends on its base image: its disk is an
+// overlay on it (the qcow2 header names a backing file) or it boots the
+// base's kernel. An imported instance (a flattened disk, its own kernel)
+// does not, though its state still names the base it came from.
+func UsesBase(l paths.Layout, st State) (bool, error) {
+	f := l.Instance(st.Name)
+	if st.Kernel != "" && st.Kernel != f.Kernel {
+		return true, nil
+	}
+	fh, err := os.Open(f.Disk)
+	if err != nil {
+		return false, err
+	}
+	defer fh.Close()
+	// qcow2: magic, version (4 bytes each), then the backing file's
+	// offset (8 bytes, big endian; 0 for none).
+	var h [16]byte
+	if _, err := io.ReadFull(fh, h[:]); err != nil {
+		return false, fmt.Errorf("reading the disk header of %s: %w", st.Name, err)
+	}
+	if string(h[:4]) != "QFI\xfb" {
+		return false, nil
+	}
+	return binary.BigEndian.Uint64(h[8:16]) != 0, nil
 }
