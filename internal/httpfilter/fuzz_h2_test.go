@@ -52,7 +52,7 @@ func (fp *fuzzProxy) serveH2(t *testing.T, b []byte, want int) []originReq {
 		t.Fatalf("%s is not allowed: %s", h2Target, d.reason)
 	}
 	sc := &scope{connect: target, authority: target.Authority(), checked: d.checked, scheme: "http", defaultPort: 80}
-	c := newFuzzConn(b)
+	c := &h2Guest{fuzzConn: newFuzzConn(b), goaway: make(chan struct{})}
 	c.hold = true
 	var (
 		mu               sync.Mutex
@@ -82,6 +82,7 @@ func (fp *fuzzProxy) serveH2(t *testing.T, b []byte, want int) []originReq {
 	select {
 	case <-c.drained:
 	case <-served:
+	case <-c.goaway: // the server reads no more frames
 	}
 	// The handlers of the streams read are started by now, though maybe
 	// not running yet: give them a millisecond to show up.
@@ -99,10 +100,21 @@ func (fp *fuzzProxy) serveH2(t *testing.T, b []byte, want int) []originReq {
 		}
 	}
 	c.Close()
-	<-served
 	mu.Lock()
 	over = true
 	mu.Unlock()
+	select {
+	case <-served:
+	case <-c.goaway:
+		// After a connection error x/net's server sends GOAWAY and
+		// closes the connection only when its goAwayTimeout (1 s) ends,
+		// whatever the guest does: waiting for it held every such input
+		// for a second (about 10 inputs a second). With over set it
+		// starts no handler meanwhile, and the guest is gone, so what it
+		// still does reaches no origin. (A handler still reading a body
+		// when the error came is waited for below: x/net ends its stream
+		// only at that timeout, so such an input still costs a second.)
+	}
 	for deadline := time.Now().Add(20 * time.Second); active.Load() > 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("a handler still runs after the guest that sent %q left", b)
@@ -111,6 +123,35 @@ func (fp *fuzzProxy) serveH2(t *testing.T, b []byte, want int) []originReq {
 	_, reqs, lines := fp.collect(t, b)
 	fp.checkRequests(t, b, reqs, lines)
 	return reqs
+}
+
+// h2Guest is the guest's side of an HTTP/2 connection: a fuzzConn that
+// also reads the frame headers of what the server writes, and closes
+// goaway at its GOAWAY, after which the server reads no more frames.
+type h2Guest struct {
+	*fuzzConn
+	mu     sync.Mutex
+	out    []byte // the server's bytes not yet a whole frame
+	once   sync.Once
+	goaway chan struct{}
+}
+
+func (g *h2Guest) Write(b []byte) (int, error) {
+	n, err := g.fuzzConn.Write(b)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.out = append(g.out, b[:n]...)
+	for len(g.out) >= 9 {
+		size := 9 + (int(g.out[0])<<16 | int(g.out[1])<<8 | int(g.out[2]))
+		if len(g.out) < size {
+			break
+		}
+		if http2.FrameType(g.out[3]) == http2.FrameGoAway {
+			g.once.Do(func() { close(g.goaway) })
+		}
+		g.out = g.out[size:]
+	}
+	return n, err
 }
 
 const h2Target = "allowed.test"
