@@ -485,11 +485,14 @@ func TestVM(t *testing.T) {
 			t.Errorf("after restart: %q", out)
 		}
 	})
+	s.snapshotChecks(t, dev, proxy)
 	t.Run("stop and remove undo everything", func(t *testing.T) {
 		st0 := time.Now()
 		s.mustAbox("stop", "peer")
 		t.Logf("FIGURE acpi-stop: %s", time.Since(st0).Round(time.Second))
+		snapshotsGone := s.removeLeavesNoSnapshots(t, "peer")
 		s.mustAbox("remove", "peer")
+		snapshotsGone()
 		if out, _ := s.inNS(10*time.Second, "ip", "link", "show", peer.Bridge); !strings.Contains(out, "does not exist") {
 			t.Errorf("bridge %s still exists: %s", peer.Bridge, out)
 		}
