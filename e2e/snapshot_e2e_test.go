@@ -74,6 +74,9 @@ func (s *suite) snapshotChecks(t *testing.T, st instance.State, proxy string) {
 		if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &list); err != nil {
 			t.Fatalf("snapshot list --json: %v\n%s", err, out)
 		}
+		if len(list) == 1 {
+			t.Logf("FIGURE snapshot-memory-saved: %d MiB", list[0].MemoryBytes>>20)
+		}
 		if len(list) != 1 || list[0].Name != "warm" || !list[0].Current || list[0].State != "running" || list[0].Description != "snapfile present" || list[0].MemoryBytes == 0 {
 			t.Errorf("snapshot list = %+v", list)
 		}
