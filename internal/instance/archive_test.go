@@ -513,6 +513,7 @@ func TestImportRefusesHostileContent(t *testing.T) {
 			return n, b
 		}, "allowlist.txt:1"},
 		{"widening settings", setState("no_mitm", true), nil, "mitm.enabled"},
+
 		{"terminal escapes in the kernel command line", setState("cmdline", "console=ttyS0 \x1b]0;owned\a"), nil, "kernel command line"},
 	}
 	before, _ := os.ReadDir(r.m.Layout.AgentCache())
@@ -563,4 +564,28 @@ func TestImportSweepsKilledImports(t *testing.T) {
 	if _, err := os.Stat(alive); err != nil {
 		t.Errorf("a running import's staging directory was removed: %v", err)
 	}
+}
+
+// TestImportRefusesABadUpstreamCA: the proxy would trust what the archive's
+// upstream-ca.pem holds; it must be certificates, as create requires.
+func TestImportRefusesABadUpstreamCA(t *testing.T) {
+	r := archiveRig(t)
+	ctx := context.Background()
+	if _, _, err := r.m.Create(ctx, fullSpec(t)); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "dev.abox")
+	if _, err := r.m.Export(ctx, "dev", out); err != nil {
+		t.Fatal(err)
+	}
+	evil := rewrap(t, out, nil, func(n string, b []byte) (string, []byte) {
+		if n == archive.UpstreamCA {
+			return n, []byte("-----BEGIN CERTIFICATE-----\nnot one\n-----END CERTIFICATE-----\n")
+		}
+		return n, b
+	})
+	if _, _, err := r.m.Import(ctx, evil, ImportOptions{Name: "dev2", Trust: true}); err == nil || !strings.Contains(err.Error(), "holds no PEM certificate") {
+		t.Fatalf("import = %v", err)
+	}
+	assertNothingLeft(t, r, "dev2")
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"crypto/x509"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -209,6 +210,13 @@ func (m *Manager) Import(ctx context.Context, file string, o ImportOptions) (st 
 		return State{}, nil, err
 	}
 
+	if st.UpstreamCA != "" {
+		b, rerr := os.ReadFile(staged(st.UpstreamCA))
+		if rerr != nil || !x509.NewCertPool().AppendCertsFromPEM(b) {
+			err = fmt.Errorf("importing %s: %s holds no PEM certificate", file, archive.UpstreamCA)
+			return State{}, nil, err
+		}
+	}
 	var in SeedInput
 	if in.AuthorizedKey, err = importSSHKey(staged(f.SSHKey), "abox-"+name); err != nil {
 		return State{}, nil, fmt.Errorf("importing %s: %w", file, err)
