@@ -31,7 +31,6 @@ import (
 	"github.com/abox-dev/abox/internal/paths"
 	"github.com/abox-dev/abox/internal/termtext"
 	"github.com/abox-dev/abox/internal/tetragon"
-	"github.com/abox-dev/abox/internal/upstream"
 	"github.com/abox-dev/abox/internal/validate"
 )
 
@@ -397,9 +396,17 @@ func importedState(m *Manager, src State, name string, has map[string]bool) (Sta
 	if st.ProxyPort != DefaultProxyPort {
 		errs = append(errs, fmt.Errorf("proxy port %d: abox uses %d", st.ProxyPort, DefaultProxyPort))
 	}
+	// What the filter daemon accepts (upstream.ParseServer, which this
+	// package leaves to the daemon): IP or IP:PORT, port not 0.
 	for _, u := range st.Upstreams {
-		if _, err := upstream.ParseServer(u); err != nil {
-			errs = append(errs, fmt.Errorf("upstream %q: %w", u, err))
+		ap, err := netip.ParseAddrPort(u)
+		if err != nil {
+			_, err = netip.ParseAddr(strings.Trim(u, "[]"))
+		} else if ap.Port() == 0 {
+			err = errors.New("port 0")
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("upstream %q: want IP or IP:PORT", u))
 		}
 	}
 	if st.UpstreamProxy != "" {
