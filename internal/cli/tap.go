@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"syscall"
 	"time"
@@ -56,7 +57,7 @@ cannot be decrypted. Needs root (tcpdump) and a started instance.`,
 			} else if len(args) != 1 {
 				return usageError{fmt.Errorf("abox tap takes one instance NAME; put tcpdump arguments after --")}
 			}
-			if maxMB < 0 {
+			if maxMB < 0 || maxMB > math.MaxInt64/1000/1000 {
 				return usageError{fmt.Errorf("--max-size %d: want a size in millions of bytes, or 0 for no cap", maxMB)}
 			}
 			if cmd.Flags().Changed("max-size") && o.Write == "" {

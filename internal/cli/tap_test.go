@@ -20,6 +20,7 @@ func TestTapMaxSize(t *testing.T) {
 		want string
 	}{
 		{[]string{"dev", "-o", "x.pcap", "--max-size", "-1"}, "--max-size -1"},
+		{[]string{"dev", "-o", "x.pcap", "--max-size", "9223372036855"}, "--max-size 9223372036855"},
 		{[]string{"dev", "--max-size", "10"}, "takes -o FILE"},
 	} {
 		cmd := newTapCmd(e)
