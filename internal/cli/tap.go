@@ -30,7 +30,8 @@ file with -o. SSH between the host and the guest is left out unless
 The guest decides how much it sends, and the pcap file is on the host's
 disk: a capture stops, on a whole packet and with an error saying so, before
 the file would pass --max-size million bytes (1000, a gigabyte, by default;
-0 for no cap), and at once if the disk fills.
+0 for no cap), and at once if the disk fills. With --ring N it goes on in
+FILE0, FILE1, ... instead and keeps the last N files, as tcpdump -C/-W does.
 
 While the tap runs, the proxy writes the TLS session keys of the sessions it
 intercepts to logs/keys.log in the instance directory (NSS key log format,
@@ -44,6 +45,7 @@ cannot be decrypted. Needs root (tcpdump) and a started instance.`,
 		Example: `  abox tap dev
   abox tap dev -o dev.pcap -c 1000
   abox tap dev -o dev.pcap --max-size 100
+  abox tap dev -o dev.pcap --max-size 100 --ring 5
   abox tap dev --filter 'udp port 53'
   abox tap dev -- -vv -s 0`,
 		Args: cobra.MinimumNArgs(1),
@@ -60,10 +62,16 @@ cannot be decrypted. Needs root (tcpdump) and a started instance.`,
 			if maxMB < 0 || maxMB > math.MaxInt64/1000/1000 {
 				return usageError{fmt.Errorf("--max-size %d: want a size in millions of bytes, or 0 for no cap", maxMB)}
 			}
-			if cmd.Flags().Changed("max-size") && o.Write == "" {
-				return usageError{errors.New("--max-size caps the pcap file: it takes -o FILE")}
+			if (cmd.Flags().Changed("max-size") || cmd.Flags().Changed("ring")) && o.Write == "" {
+				return usageError{errors.New("--max-size and --ring bound the pcap file: they take -o FILE")}
+			}
+			if o.Ring != 0 && maxMB == 0 {
+				return usageError{errors.New("--ring keeps files of --max-size each: it takes a --max-size above 0")}
 			}
 			o.MaxBytes = maxMB * 1000 * 1000
+			if err := o.CheckLimits(); err != nil {
+				return usageError{err}
+			}
 			return e.runTap(cmd.Context(), name, o)
 		},
 	}
@@ -73,6 +81,7 @@ cannot be decrypted. Needs root (tcpdump) and a started instance.`,
 	f.StringVar(&o.Filter, "filter", "", "BPF filter expression (ANDed with the SSH exclusion)")
 	f.BoolVar(&o.IncludeSSH, "include-ssh", false, "keep host-guest SSH in the capture")
 	f.Int64Var(&maxMB, "max-size", tap.DefaultMaxBytes/1000/1000, "with -o: stop before the file passes this many million bytes (0: no cap)")
+	f.IntVar(&o.Ring, "ring", 0, "with -o: at --max-size go on in FILE0, FILE1, ... and keep the last N files, overwriting the oldest (tcpdump -C/-W)")
 	return cmd
 }
 
@@ -127,7 +136,11 @@ func (e *env) runTap(ctx context.Context, name string, o tap.Options) error {
 		what := "printing decoded packets"
 		if o.Write != "" {
 			what = "writing " + o.Write
-			if o.MaxBytes > 0 {
+			switch {
+			case o.Ring > 0:
+				what = fmt.Sprintf("writing %s … %s, %d files of up to %d MB, the oldest overwritten (--ring)",
+					tap.RingName(o.Write, 0, o.Ring), tap.RingName(o.Write, o.Ring-1, o.Ring), o.Ring, o.MaxBytes/1000/1000)
+			case o.MaxBytes > 0:
 				what += fmt.Sprintf(" (up to %d MB, --max-size)", o.MaxBytes/1000/1000)
 			}
 		}
@@ -154,7 +167,7 @@ func (e *env) runTap(ctx context.Context, name string, o tap.Options) error {
 		cancel()
 	}
 	if errors.Is(err, tap.ErrCapReached) {
-		return withHint(fmt.Errorf("instance %s: %w", name, err), "the file ends on a whole packet and opens as it is; capture more with --max-size MB (0: no cap), or narrow it with --filter")
+		return withHint(fmt.Errorf("instance %s: %w", name, err), "the file ends on a whole packet and opens as it is; capture more with --max-size MB (0: no cap), keep the last files with --ring N, or narrow it with --filter")
 	}
 	if errors.Is(err, syscall.ENOSPC) {
 		return withHint(fmt.Errorf("instance %s: %w", name, err), "the disk is full: the file ends on the last whole packet written; free space or write elsewhere with -o")

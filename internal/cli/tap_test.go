@@ -21,7 +21,11 @@ func TestTapMaxSize(t *testing.T) {
 	}{
 		{[]string{"dev", "-o", "x.pcap", "--max-size", "-1"}, "--max-size -1"},
 		{[]string{"dev", "-o", "x.pcap", "--max-size", "9223372036855"}, "--max-size 9223372036855"},
-		{[]string{"dev", "--max-size", "10"}, "takes -o FILE"},
+		{[]string{"dev", "--max-size", "10"}, "take -o FILE"},
+		{[]string{"dev", "--ring", "3"}, "take -o FILE"},
+		{[]string{"dev", "-o", "x.pcap", "--ring", "3", "--max-size", "0"}, "a --max-size above 0"},
+		{[]string{"dev", "-o", "x.pcap", "--ring", "1"}, "a ring of 1 capture files"},
+		{[]string{"dev", "-c", "-2"}, "packet count -2"},
 	} {
 		cmd := newTapCmd(e)
 		cmd.SetArgs(tc.args)

@@ -1,6 +1,7 @@
 package tap
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -29,10 +30,17 @@ const (
 // or when a write fails (a full disk), after which the file is truncated
 // back to the last whole packet. Either closes stop, so that Run ends
 // tcpdump; what tcpdump still sends is read and dropped, so it can exit.
+//
+// With a ring (next set), the packet that would pass the cap starts the
+// next file instead, which next opens empty, and the stream's header is
+// written again at its start: files 0, 1, …, n-1, then 0 again.
 type capFile struct {
 	f    sink
 	max  int64
 	stop chan struct{}
+	// nextFile opens the ring's next file and reports its number; nil
+	// without a ring.
+	nextFile func() (sink, int, error)
 
 	mu      sync.Mutex
 	order   binary.ByteOrder // nil until the header is read
@@ -41,12 +49,15 @@ type capFile struct {
 	packets int
 	err     error // why the capture was cut (ErrCapReached, a write error)
 	once    sync.Once
+	hdr     []byte // the stream's header, for each file of a ring
+	file    int    // the ring's file being written
 }
 
 // sink is the capture file: an *os.File.
 type sink interface {
 	Write([]byte) (int, error)
 	Truncate(size int64) error
+	Close() error
 }
 
 func newCapFile(f sink, max int64) *capFile {
@@ -113,11 +124,16 @@ func (c *capFile) next() (int, error) {
 // put appends one header or packet, unless that would pass the cap; it
 // reports whether it did.
 func (c *capFile) put(rec []byte) bool {
+	packet := c.hdr != nil
 	if c.max > 0 && c.written+int64(len(rec)) > c.max {
-		c.cut(ErrCapReached)
-		return false
+		if c.nextFile == nil || !packet || int64(len(c.hdr)+len(rec)) > c.max {
+			c.cut(ErrCapReached)
+			return false
+		}
+		if !c.rotate() {
+			return false
+		}
 	}
-	packet := c.written >= pcapHeaderLen
 	if _, err := c.f.Write(rec); err != nil {
 		// A short write leaves part of a packet behind: cut it off.
 		if terr := c.f.Truncate(c.written); terr != nil {
@@ -129,8 +145,37 @@ func (c *capFile) put(rec []byte) bool {
 	c.written += int64(len(rec))
 	if packet {
 		c.packets++
+	} else {
+		c.hdr = bytes.Clone(rec)
 	}
 	return true
+}
+
+// rotate closes the file and starts the ring's next one with the header.
+func (c *capFile) rotate() bool {
+	err := c.f.Close()
+	var f sink
+	n := c.file
+	if err == nil {
+		f, n, err = c.nextFile()
+	}
+	if err == nil {
+		c.f, c.file = f, n
+		_, err = c.f.Write(c.hdr)
+	}
+	if err != nil {
+		c.cut(fmt.Errorf("starting capture file %d of the ring: %w", n, err))
+		return false
+	}
+	c.written = int64(len(c.hdr))
+	return true
+}
+
+// close closes the file being written.
+func (c *capFile) close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.f.Close()
 }
 
 func (c *capFile) cut(err error) {

@@ -165,3 +165,58 @@ func TestCapFileRefusesOtherStreams(t *testing.T) {
 		})
 	}
 }
+
+// TestCapFileRing: with a ring the capture does not stop at the cap: each
+// file stays within it and is a capture of its own (the header, whole
+// packets), and the files, oldest first, hold the stream's last packets
+// in order, up to its end.
+func TestCapFileRing(t *testing.T) {
+	const ring, per = 3, 4 // files, packets a file holds
+	stream := pcapStream(binary.LittleEndian, 50, 100)
+	dir := t.TempDir()
+	name := filepath.Join(dir, "c.pcap")
+	f, err := os.Create(RingName(name, 0, ring))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newCapFile(f, pcapHeaderLen+per*116+50)
+	c.nextFile = func() (sink, int, error) {
+		i := (c.file + 1) % ring
+		f, err := os.Create(RingName(name, i, ring))
+		return f, i, err
+	}
+	feed(t, c, stream)
+	if err := c.close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.result(); err != nil || stopped(c) {
+		t.Fatalf("result() error %v (stop closed: %v); a ring goes on", err, stopped(c))
+	}
+	var packets []byte
+	for k := 1; k <= ring; k++ { // oldest first: the one after the last written
+		i := (c.file + k) % ring
+		b, err := os.ReadFile(RingName(name, i, ring))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int64(len(b)) > c.max || !bytes.Equal(b[:pcapHeaderLen], stream[:pcapHeaderLen]) || (len(b)-pcapHeaderLen)%116 != 0 {
+			t.Fatalf("file %d: %d bytes, want the header and whole packets within %d", i, len(b), c.max)
+		}
+		packets = append(packets, b[pcapHeaderLen:]...)
+	}
+	// 50 packets of 4 a file: files of 4, 4 and the last 2 (50 = 12*4 + 2).
+	if want := stream[len(stream)-10*116:]; !bytes.Equal(packets, want) {
+		t.Errorf("the ring holds %d bytes of packets, want the stream's last 10 packets in order", len(packets))
+	}
+}
+
+func TestRingName(t *testing.T) {
+	for _, tc := range []struct {
+		i, n int
+		want string
+	}{{0, 2, "d.pcap0"}, {9, 10, "d.pcap9"}, {3, 11, "d.pcap03"}, {10, 11, "d.pcap10"}, {7, 1000, "d.pcap007"}} {
+		if got := RingName("d.pcap", tc.i, tc.n); got != tc.want {
+			t.Errorf("RingName(d.pcap, %d, %d) = %q, want %q (tcpdump's -W names)", tc.i, tc.n, got, tc.want)
+		}
+	}
+}

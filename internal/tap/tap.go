@@ -32,6 +32,10 @@ type Options struct {
 	// capture stops, the file ending on a whole packet, before it would
 	// pass the cap. 0 means no cap; the CLI's default is DefaultMaxBytes.
 	MaxBytes int64
+	// Ring, 2 or more, keeps a ring of that many files of up to MaxBytes
+	// instead of stopping at the cap, named as RingName names them: the
+	// oldest is overwritten, as tcpdump's -C with -W does. 0 means none.
+	Ring int
 	// Filter is a BPF expression ANDed with the default exclusions.
 	Filter string
 	// IncludeSSH keeps host↔guest SSH (left out by default: it is abox's
@@ -56,6 +60,26 @@ func (o Options) BPF() string {
 	return strings.Join(parts, " and ")
 }
 
+// CheckLimits checks the count, the cap and the ring.
+func (o Options) CheckLimits() error {
+	if o.Count < 0 {
+		return fmt.Errorf("packet count %d: want 0 (no limit) or more", o.Count)
+	}
+	if o.MaxBytes < 0 || (o.MaxBytes > 0 && o.MaxBytes <= pcapHeaderLen) {
+		return fmt.Errorf("capture file cap of %d bytes: want 0 (no cap) or room for a packet", o.MaxBytes)
+	}
+	switch {
+	case o.Ring == 0:
+	case o.Ring < 2 || o.Ring > maxRing:
+		return fmt.Errorf("a ring of %d capture files: want 2 to %d", o.Ring, maxRing)
+	case o.Write == "":
+		return errors.New("a ring of capture files needs a file to write")
+	case o.MaxBytes < minRingBytes:
+		return fmt.Errorf("a ring of capture files of %d bytes each: want at least %d, so that every packet fits in one", o.MaxBytes, minRingBytes)
+	}
+	return nil
+}
+
 // Args is tcpdump's argument list. A capture file is written by abox from
 // tcpdump's standard output (-w -), so tcpdump can keep dropping its root
 // privileges before it parses a hostile guest's packets and the file is
@@ -64,11 +88,8 @@ func (o Options) Args() ([]string, error) {
 	if err := validate.Bridge(o.Bridge); err != nil {
 		return nil, err
 	}
-	if o.Count < 0 {
-		return nil, fmt.Errorf("packet count %d: want 0 (no limit) or more", o.Count)
-	}
-	if o.MaxBytes < 0 || (o.MaxBytes > 0 && o.MaxBytes <= pcapHeaderLen) {
-		return nil, fmt.Errorf("capture file cap of %d bytes: want 0 (no cap) or room for a packet", o.MaxBytes)
+	if err := o.CheckLimits(); err != nil {
+		return nil, err
 	}
 	// --immediate-mode: packets reach the terminal or the file as they
 	// arrive rather than in ring-buffer blocks, so a short or interrupted
@@ -111,12 +132,23 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer, ready func())
 	var out io.Writer = tw
 	var cf *capFile
 	if o.Write != "" {
-		f, err := os.OpenFile(o.Write, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-		if err != nil {
-			return fmt.Errorf("opening the capture file: %w", err)
+		name := o.Write
+		if o.Ring > 0 {
+			name = RingName(o.Write, 0, o.Ring)
 		}
-		defer f.Close()
+		f, err := createCapture(name)
+		if err != nil {
+			return err
+		}
 		cf = newCapFile(f, o.MaxBytes)
+		defer cf.close()
+		if o.Ring > 0 {
+			cf.nextFile = func() (sink, int, error) {
+				i := (cf.file + 1) % o.Ring
+				f, err := createCapture(RingName(o.Write, i, o.Ring))
+				return f, i, err
+			}
+		}
 		out = cf
 	}
 	cmd.Stdout = out
@@ -160,6 +192,30 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer, ready func())
 		return fmt.Errorf("tcpdump on %s: %w", o.Bridge, err)
 	}
 	return nil
+}
+
+// Bounds of a ring of capture files: a packet tcpdump writes always fits
+// in one file with the header.
+const (
+	maxRing      = 10000
+	minRingBytes = pcapHeaderLen + pcapRecordLen + maxPcapRecord
+)
+
+// RingName is the name of file i of a ring of n capture files written
+// for name: name with i appended, zero-padded to the width of n-1, as
+// tcpdump -w name -W n names them (dev.pcap0 … dev.pcap9).
+func RingName(name string, i, n int) string {
+	return fmt.Sprintf("%s%0*d", name, len(strconv.Itoa(n-1)), i)
+}
+
+// createCapture creates (or empties) a capture file, 0600: it holds what
+// the guest sent.
+func createCapture(name string) (*os.File, error) {
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening the capture file: %w", err)
+	}
+	return f, nil
 }
 
 // interrupt stops tcpdump as Ctrl-C does, so that it flushes and reports
