@@ -65,24 +65,7 @@ func TestRunWritesPcap(t *testing.T) {
 	dir := t.TempDir()
 	os.Chmod(dir, 0o755)
 	pcap := filepath.Join(dir, "c.pcap")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	rctx, stop := context.WithCancel(ctx)
-	ready := make(chan struct{})
-	var once sync.Once
-	var stderr bytes.Buffer
-	var mu sync.Mutex
-	errc := make(chan error, 1)
-	go func() {
-		errc <- Run(rctx, Options{Bridge: "lo", Write: pcap, Filter: "tcp port " + strconv.Itoa(port)}, nil, lockedWriter{&mu, &stderr}, func() { once.Do(func() { close(ready) }) })
-	}()
-	select {
-	case <-ready:
-	case err := <-errc:
-		t.Fatalf("tcpdump ended before listening: %v\n%s", err, stderr.String())
-	case <-ctx.Done():
-		t.Fatal("tcpdump never listened")
-	}
+	errc, stop, stderr := capture(t, Options{Bridge: "lo", Write: pcap, Filter: "tcp port " + strconv.Itoa(port)})
 	for i := 0; i < 3; i++ {
 		c, err := net.Dial("tcp", ln.Addr().String())
 		if err != nil {
@@ -112,7 +95,7 @@ func TestRunWritesPcap(t *testing.T) {
 	}
 	data, _ := os.ReadFile(pcap)
 	if !bytes.Contains(data, []byte("marker-in-the-capture")) {
-		t.Errorf("capture (%d bytes) lacks the payload; tcpdump said:\n%s", len(data), stderr.String())
+		t.Errorf("capture (%d bytes) lacks the payload; tcpdump said:\n%s", len(data), stderr())
 	}
 }
 
@@ -136,6 +119,36 @@ func payloadServer(t *testing.T, payload []byte) net.Listener {
 		}
 	}()
 	return ln
+}
+
+// capture runs Run with o until tcpdump says it listens, and returns the
+// channel of Run's result, the function that interrupts the capture, and
+// what tcpdump said so far.
+func capture(t *testing.T, o Options) (<-chan error, func(), func() string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	ready := make(chan struct{})
+	var once sync.Once
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	stderr := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.String()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		errc <- Run(ctx, o, nil, lockedWriter{&mu, &buf}, func() { once.Do(func() { close(ready) }) })
+	}()
+	select {
+	case <-ready:
+	case err := <-errc:
+		t.Fatalf("tcpdump ended before listening: %v\n%s", err, stderr())
+	case <-ctx.Done():
+		t.Fatal("tcpdump never listened")
+	}
+	return errc, cancel, stderr
 }
 
 type lockedWriter struct {
@@ -268,23 +281,7 @@ func TestRunRing(t *testing.T) {
 	need.Program(t, "tcpdump")
 	ln := payloadServer(t, bytes.Repeat([]byte("y"), 64<<10))
 	pcap := filepath.Join(t.TempDir(), "r.pcap")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	rctx, stop := context.WithCancel(ctx)
-	ready := make(chan struct{})
-	var once sync.Once
-	var stderr bytes.Buffer
-	var mu sync.Mutex
-	errc := make(chan error, 1)
-	go func() {
-		o := Options{Bridge: "lo", Write: pcap, MaxBytes: minRingBytes, Ring: 2, Filter: "tcp port " + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)}
-		errc <- Run(rctx, o, nil, lockedWriter{&mu, &stderr}, func() { once.Do(func() { close(ready) }) })
-	}()
-	select {
-	case <-ready:
-	case err := <-errc:
-		t.Fatalf("tcpdump ended before listening: %v", err)
-	}
+	errc, stop, stderr := capture(t, Options{Bridge: "lo", Write: pcap, MaxBytes: minRingBytes, Ring: 2, Filter: "tcp port " + strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)})
 	// Traffic until the capture has gone on into the ring's second file
 	// (tcpdump drops packets on a busy loopback, so the bytes sent say
 	// little about the bytes captured), then a little more.
@@ -302,8 +299,7 @@ func TestRunRing(t *testing.T) {
 	}
 	stop()
 	if err := <-errc; err != nil {
-		mu.Lock()
-		t.Fatalf("Run = %v, want nil (a ring goes on until interrupted); tcpdump said:\n%s", err, stderr.String())
+		t.Fatalf("Run = %v, want nil (a ring goes on until interrupted); tcpdump said:\n%s", err, stderr())
 	}
 	for i := range 2 {
 		data, err := os.ReadFile(RingName(pcap, i, 2))
