@@ -99,7 +99,10 @@ func (m *Manager) Export(ctx context.Context, name, dest string) (res ExportResu
 	}
 	disk := filepath.Join(work, archive.DiskQCOW2)
 	m.progress("exporting %s: flattening the disk onto its base (qemu-img convert)", name)
-	if _, err := m.Run.Run(ctx, "qemu-img", "convert", "-f", "qcow2", "-O", "qcow2", m.Layout.Instance(name).Disk, disk); err != nil {
+	stopWatch := m.watchSize(disk, "exporting "+name+": flattened")
+	_, err = m.Run.Run(ctx, "qemu-img", "convert", "-f", "qcow2", "-O", "qcow2", m.Layout.Instance(name).Disk, disk)
+	stopWatch()
+	if err != nil {
 		return res, fmt.Errorf("exporting %s: flattening the disk: %w", name, err)
 	}
 
@@ -196,3 +199,26 @@ func (p *progress) Read(b []byte) (int, error) {
 }
 
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+// watchSize reports the size of the file path every few seconds until the
+// returned function is called (qemu-img's own progress needs a terminal).
+func (m *Manager) watchSize(path, what string) func() {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(3 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if fi, err := os.Stat(path); err == nil {
+					m.progress("%s %s so far", what, mib(fi.Size()))
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
+}
