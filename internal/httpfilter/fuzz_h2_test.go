@@ -158,7 +158,7 @@ const h2Target = "allowed.test"
 
 // h2Seeds are frame sequences (after the client preface): requests for
 // the tunnel's host and for others, with bodies, several streams, a Host
-// field beside :authority, and a CONNECT.
+// field beside :authority, a CONNECT and routing fields.
 func h2Seeds(t testing.TB) [][]byte {
 	frames := func(streams ...[][2]string) []byte {
 		var buf bytes.Buffer
@@ -196,6 +196,7 @@ func h2Seeds(t testing.TB) [][]byte {
 		frames([][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", h2Target}, {":path", "/up"}, {"content-length", "5"}, {"body", "hello"}}),
 		frames([][2]string{{":method", "CONNECT"}, {":authority", "evil.test:443"}}),
 		frames([][2]string{{":method", "GET"}, {":scheme", "http"}, {":path", "/"}, {"host", h2Target}}),
+		frames(get(h2Target, [2]string{"forwarded", "host=evil.test"}, [2]string{"x-forwarded-host", "evil.test"}, [2]string{"x-host", "evil.test"})),
 	}
 }
 
@@ -203,7 +204,7 @@ func h2Seeds(t testing.TB) [][]byte {
 // seeds' requests for the tunnel's host reach the origin, the others not.
 func TestFuzzInnerH2ReachesOrigins(t *testing.T) {
 	fp := newFuzzProxy(t, false)
-	want := []int{1, 0, 2, 0, 1, 0, 1}
+	want := []int{1, 0, 2, 0, 1, 0, 1, 1}
 	for i, b := range h2Seeds(t) {
 		if reqs := fp.serveH2(t, append([]byte(http2.ClientPreface), b...), want[i]); len(reqs) != want[i] {
 			t.Errorf("seed %d: %d requests reached an origin, want %d: %+v", i, len(reqs), want[i], reqs)

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/ca"
 	"github.com/abox-dev/abox/internal/egress"
@@ -127,6 +129,19 @@ type originReq struct {
 	method string
 	ext    []uint16 // a ClientHello's extensions (serveHellos)
 	err    error    // the request did not parse
+	bad    string   // a field the proxy must never forward (forwardedWrongly)
+}
+
+// forwardedWrongly names a field of h the proxy must not have forwarded:
+// a routing field (isRoutingField), or in a trailer one a trailer may not
+// carry.
+func forwardedWrongly(h http.Header, trailer bool) string {
+	for k := range h {
+		if isRoutingField(k) || trailer && !httpguts.ValidTrailerHeader(k) {
+			return k
+		}
+	}
+	return ""
 }
 
 // fuzzOrigins is the resolver, the dialer and every origin: each name
@@ -192,12 +207,15 @@ func (o *fuzzOrigins) serve(c net.Conn, ap netip.AddrPort) {
 			}
 			return
 		}
-		o.record(originReq{dialed: ap, host: req.Host, method: req.Method})
+		o.record(originReq{dialed: ap, host: req.Host, method: req.Method, bad: forwardedWrongly(req.Header, false)})
 		if _, err := io.Copy(io.Discard, req.Body); err != nil {
 			if !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.ErrClosedPipe) && !errors.Is(err, io.EOF) {
 				o.record(originReq{dialed: ap, err: fmt.Errorf("request body: %w", err)})
 			}
 			return
+		}
+		if f := forwardedWrongly(req.Trailer, true); f != "" {
+			o.record(originReq{dialed: ap, host: req.Host, bad: "trailer " + f})
 		}
 		answer := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 		if req.Method == http.MethodHead {
@@ -408,6 +426,9 @@ func (fp *fuzzProxy) checkRequests(t *testing.T, b []byte, reqs []originReq, lin
 		if r.err != nil {
 			t.Fatalf("guest bytes %q: the origin at %s could not read what the proxy sent: %v", b, r.dialed, r.err)
 		}
+		if r.bad != "" {
+			t.Fatalf("guest bytes %q: the origin at %s received %s", b, r.dialed, r.bad)
+		}
 		name := fp.origins.nameOf(r.dialed.Addr())
 		ht, err := egress.ParseAuthority(r.host, 80)
 		if err != nil || ht.Name != name || ht.Port != r.dialed.Port() {
@@ -434,6 +455,8 @@ var proxySeeds = []string{
 	"GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
 	"GET http://healthcheck.abox.local/ HTTP/1.1\r\nHost: healthcheck.abox.local\r\n\r\nGET http://93.184.0.1/ HTTP/1.1\r\nHost: 93.184.0.1\r\n\r\n",
 	"GET http://ALLOWED.test./%2e%2e HTTP/1.1\r\nHost: allowed.test\r\nTE: trailers\r\nConnection: x-secret\r\nX-Secret: 1\r\n\r\n",
+	"GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\nForwarded: host=evil.test\r\nX-Forwarded-Host: evil.test\r\nX-Host: evil.test\r\n\r\n",
+	"CONNECT a.ok.test:80 HTTP/1.1\r\n\r\nPOST / HTTP/1.1\r\nHost: a.ok.test\r\nTrailer: Host, X-Original-Host, X-Sum\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\nHost: evil.test\r\nX-Original-Host: evil.test\r\nX-Sum: 1\r\n\r\n",
 }
 
 func FuzzProxyH1(f *testing.F) {
@@ -451,7 +474,7 @@ func FuzzProxyH1(f *testing.F) {
 // reach their origins, the others do not.
 func TestFuzzProxyReachesOrigins(t *testing.T) {
 	fp := newFuzzProxy(t, false)
-	want := []int{1, 1, 1, 2, 0, 2, 1, 1, 0, 1, 0, 1}
+	want := []int{1, 1, 1, 2, 0, 2, 1, 1, 0, 1, 0, 1, 1, 1}
 	for i, s := range proxySeeds {
 		c := newFuzzConn([]byte(s))
 		fp.ln.ch <- c
