@@ -387,6 +387,10 @@ func within(ps []netip.Prefix, cands []netip.Addr) bool {
 	return false
 }
 
+// siteBits6 is the prefix length of the IPv6 site around a host
+// interface's global address: every address in it is HostNetwork.
+const siteBits6 = 56
+
 // hostRefresh bounds how stale the view of the host's interfaces may be.
 const hostRefresh = time.Second
 
@@ -495,6 +499,14 @@ func readHost() *hostSnapshot {
 		// never a LAN.
 		if !ip.Is6() || ones <= 0 {
 			continue
+		}
+		// The interface's /64 is one subnet of the site: the router's
+		// other subnets (a home's IoT VLAN, an office's printers, the other
+		// subnets of a cloud VPC, which gets a /56) sit behind the same
+		// firewall and are reached through it. A global prefix counts as
+		// the site's /56 around it (RFC 6177: sites get a /56 or a /48).
+		if ones > siteBits6 && ip.IsGlobalUnicast() && !ip.IsPrivate() {
+			ones = siteBits6
 		}
 		if pr, err := ip.Prefix(ones); err == nil {
 			s.nets = append(s.nets, pr)

@@ -130,7 +130,8 @@ func FuzzClassify(f *testing.F) {
 }
 
 // TestPolicyFollowsHostInterfaces: a host policy refuses the IPv6 networks
-// the host's interfaces sit on (a LAN neighbour with a global IPv6 address)
+// the host's interfaces sit on (a LAN neighbour with a global IPv6 address,
+// and the site's other subnets: the /56 around a global interface prefix)
 // and addresses the host gains after start (IPv6 temporary addresses rotate
 // daily, DHCP renumbers). A public IPv4 subnet is a server's uplink (and the
 // e2e lab's "internet"): its neighbours stay reachable.
@@ -162,7 +163,10 @@ func TestPolicyFollowsHostInterfaces(t *testing.T) {
 		{"2a02:1234:5678:9abc::10", HostAddress},
 		{"2a02:1234:5678:9abc::99", HostNetwork}, // LAN neighbour, global IPv6
 		{"2a02:1234:5678:9abc::443", Permitted},
-		{"2a02:1234:5678:9abd::1", Public},
+		{"2a02:1234:5678:9abd::1", HostNetwork}, // another subnet of the site's /56
+		{"2a02:1234:5678:9aff::1", HostNetwork}, // the site's last /64
+		{"2a02:1234:5678:9b00::1", Public},      // past the /56
+		{"2a02:1234:5678:9900::1", Public},      // before it
 		{"93.184.1.1", Public},
 		{"::ffff:93.184.1.1", Public},
 	} {
@@ -183,7 +187,7 @@ func TestPolicyFollowsHostInterfaces(t *testing.T) {
 		{"93.184.1.77", Public}, // an IPv4 uplink's neighbour
 		{"2a02:1234:5678:aaaa::5", HostAddress},
 		{"2a02:1234:5678:aaaa::6", HostNetwork},
-		{"2a02:1234:5678:9abc::99", Public}, // that interface is gone
+		{"2a02:1234:5678:9abc::99", Public}, // that interface is gone (9a00::/56 with it)
 	} {
 		if got := p.Check(netip.MustParseAddr(tt.addr)); got != tt.want {
 			t.Errorf("after change: Check(%s) = %s, want %s", tt.addr, got, tt.want)
