@@ -202,7 +202,7 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 			defer func() {
 				if v := recover(); v != nil {
 					p.panics.Report("http request body", v, "client", r.RemoteAddr)
-					if cb, ok := out.Body.(*countingBody); ok {
+					if cb, ok := guestBody(out.Body); ok {
 						cb.broken.Store(true)
 					}
 					out.Body.Close()
@@ -220,7 +220,7 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 					u.hdr.begin()
 				}
 				up.mu.Unlock()
-			} else if cb, ok := out.Body.(*countingBody); ok && cb.broken.Load() {
+			} else if cb, ok := guestBody(out.Body); ok && cb.broken.Load() {
 				// The guest's body broke: the request can never be
 				// complete, so the origin's answer is not waited for.
 				u.close()
@@ -262,7 +262,7 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 	} else {
 		u.hdr.end()
 	}
-	if cb, ok := out.Body.(*countingBody); ok && cb.broken.Load() {
+	if cb, ok := guestBody(out.Body); ok && cb.broken.Load() {
 		// The guest cut its body: the upload closed this connection, and
 		// an answer read now may be the origin's to the truncated request
 		// (a TLS close sends close_notify before the socket closes, and
@@ -605,6 +605,16 @@ func forwardTrailer(r *http.Request) (http.Header, io.ReadCloser) {
 		return nil, r.Body
 	}
 	return decl, &trailerBody{ReadCloser: r.Body, from: r, to: decl}
+}
+
+// guestBody returns the guest's body under b (forwardTrailer may have
+// wrapped it), whose broken flag says whether the guest cut it.
+func guestBody(b io.ReadCloser) (*countingBody, bool) {
+	if tb, ok := b.(*trailerBody); ok {
+		b = tb.ReadCloser
+	}
+	cb, ok := b.(*countingBody)
+	return cb, ok
 }
 
 // trailerBody copies the declared trailer fields of from into to when the

@@ -1,12 +1,15 @@
 package httpfilter
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // routingFields name another host to the servers behind the origin's
@@ -131,5 +134,44 @@ func TestTrailerFieldsFiltered(t *testing.T) {
 			resp.Body.Close()
 			check(t, resp.StatusCode, string(b))
 		})
+	}
+}
+
+// TestTrailerDeclaredBodyCut: a guest that declares a trailer and cuts its
+// chunked body is answered 400 request_body_cut, as without a trailer (the
+// body the trailer is copied through still tells the exchange the guest
+// broke it; it did not, and the proxy waited for the origin's answer to a
+// request that could never be complete, until the idle timeout).
+func TestTrailerDeclaredBodyCut(t *testing.T) {
+	h := newHarness(t, hopts{allow: []string{"origin.test"}})
+	// An origin that reads the body to its end, as a real one would
+	// (httptest.Server's Close would wait for it).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveRaw(t, ln, func(c net.Conn, br *bufio.Reader) {
+		if req, err := http.ReadRequest(br); err == nil {
+			io.Copy(io.Discard, req.Body)
+		}
+	})
+	_, pt, _ := net.SplitHostPort(ln.Addr().String())
+	h.allowOrigin("origin.test", nil, pt)
+	c, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	io.WriteString(c, "POST http://origin.test:"+pt+"/ HTTP/1.1\r\nHost: origin.test\r\nTrailer: X-Checksum\r\n"+
+		"Transfer-Encoding: chunked\r\n\r\n5\r\nhel")
+	c.(*net.TCPConn).CloseWrite()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to a cut body: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 400 || resp.Header.Get("X-Abox-Reason") != ReasonBodyCut {
+		t.Errorf("got %d %q, want 400 %s", resp.StatusCode, resp.Header.Get("X-Abox-Reason"), ReasonBodyCut)
 	}
 }
