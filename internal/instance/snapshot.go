@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/abox-dev/abox/internal/hostfw"
@@ -254,11 +255,43 @@ func (m *Manager) RevertSnapshot(ctx context.Context, name, snap string) (Revert
 	if err := m.redefine(ctx, st); err != nil {
 		return fail(err)
 	}
+	if target.Memory() {
+		m.setGuestClock(ctx, st, target)
+	}
 	res.After, err = m.Hypervisor.State(ctx, dom)
 	if err != nil {
 		return fail(err)
 	}
 	return res, nil
+}
+
+// setGuestClock sets a guest resumed from a snapshot to the host's time.
+// Its clock resumes where the snapshot stopped it, as far behind as the
+// snapshot is old, and no time service reaches it through the filters:
+// TLS through the proxy fails on certificates the guest thinks are not
+// yet valid (a leaf is valid from 5 minutes before it is minted), and
+// build tools see files from the future. Best effort over the instance's
+// own SSH: a guest that does not let it gets a warning with the command.
+func (m *Manager) setGuestClock(ctx context.Context, st State, from libvirt.Snapshot) {
+	warn := func(err error) {
+		m.progress("warning: reverting %s: setting the guest's clock: %v; it runs about %s behind until `abox ssh %s -- sudo date -u -s @$(date +%%s)`",
+			st.Name, err, time.Since(from.Created).Round(time.Second), st.Name)
+	}
+	cmd := fmt.Sprintf("sudo -n date -u -s @%d >/dev/null", time.Now().Unix())
+	args, err := SSHArgs(m.Layout, st, []string{cmd})
+	if err != nil {
+		warn(err)
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if out, err := m.Run.Run(sctx, "ssh", args...); err != nil {
+		msg := strings.TrimSpace(string(out))
+		if len(msg) > 200 { // the guest's words: a line is enough
+			msg = msg[:200]
+		}
+		warn(fmt.Errorf("%w: %s", err, printable(msg)))
+	}
 }
 
 // powerOffAfter powers the guest off when err left it running: a guest

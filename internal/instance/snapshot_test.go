@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -361,5 +362,58 @@ func TestSnapshotWaitsForTheInstanceLock(t *testing.T) {
 	unlock()
 	if err := <-done; !errors.Is(err, ErrSnapshotNotFound) {
 		t.Errorf("after the lock was released: %v, want ErrSnapshotNotFound", err)
+	}
+}
+
+// sshRun is fakeRun that records the ssh commands it is given.
+type sshRun struct {
+	fakeRun
+	mu   sync.Mutex
+	cmds []string
+}
+
+func (r *sshRun) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	if name != "ssh" {
+		return r.fakeRun.Run(ctx, name, args...)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cmds = append(r.cmds, args[len(args)-1])
+	return nil, nil
+}
+
+// A guest resumed from a snapshot's memory gets the host's time (its own
+// clock resumes at the snapshot's); a disk-only revert has nothing to set.
+func TestRevertSetsTheResumedGuestsClock(t *testing.T) {
+	ctx := context.Background()
+	r := snapRig(t, true)
+	run := &sshRun{fakeRun: r.m.Run.(fakeRun)}
+	r.m.Run = run
+	if _, err := r.m.CreateSnapshot(ctx, "dev", "warm", ""); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now().Unix()
+	if _, err := r.m.RevertSnapshot(ctx, "dev", "warm"); err != nil {
+		t.Fatal(err)
+	}
+	if len(run.cmds) != 1 || !strings.HasPrefix(run.cmds[0], "sudo -n date -u -s @") {
+		t.Fatalf("guest commands %q, want one that sets the clock", run.cmds)
+	}
+	var at int64
+	if _, err := fmt.Sscanf(strings.TrimPrefix(run.cmds[0], "sudo -n date -u -s @"), "%d", &at); err != nil || at < before || at > time.Now().Unix() {
+		t.Errorf("clock set to %d (%v), want the host's time", at, err)
+	}
+	if err := r.m.Stop(ctx, "dev", StopOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.m.CreateSnapshot(ctx, "dev", "cold", ""); err != nil {
+		t.Fatal(err)
+	}
+	run.cmds = nil
+	if _, err := r.m.RevertSnapshot(ctx, "dev", "cold"); err != nil {
+		t.Fatal(err)
+	}
+	if len(run.cmds) != 0 {
+		t.Errorf("a disk-only revert ran %q in the guest", run.cmds)
 	}
 }
