@@ -562,6 +562,8 @@ func (p *Proxy) outbound(r *http.Request, st *fwdState) *http.Request {
 // frameworks and CDNs honour. The proxy decided the request's host; an
 // origin that fronts many (a CDN, a reverse proxy trusting its peers)
 // must not be told another one by the guest (TestRoutingFieldsDropped).
+// Proxy goes too: CGI-style servers hand it to the application as
+// HTTP_PROXY, the proxy of its own outgoing requests (httpoxy).
 func removeRoutingFields(h http.Header) {
 	for k := range h {
 		if isRoutingField(k) {
@@ -571,10 +573,16 @@ func removeRoutingFields(h http.Header) {
 }
 
 // isRoutingField reports whether the canonical field name k is one that
-// removeRoutingFields drops.
+// removeRoutingFields drops. Underscores count as hyphens: CGI, WSGI and
+// PHP servers read X_Forwarded_Host as X-Forwarded-Host (both become
+// HTTP_X_FORWARDED_HOST), the spelling that slips past proxies that strip
+// only the hyphenated one.
 func isRoutingField(k string) bool {
+	if strings.IndexByte(k, '_') >= 0 {
+		k = textproto.CanonicalMIMEHeaderKey(strings.ReplaceAll(k, "_", "-"))
+	}
 	switch k {
-	case "Forwarded", "X-Forwarded", "X-Host", "X-Original-Host", "X-Http-Host-Override", "X-Real-Host":
+	case "Forwarded", "X-Forwarded", "X-Host", "X-Original-Host", "X-Http-Host-Override", "X-Real-Host", "Proxy":
 		return true
 	}
 	return strings.HasPrefix(k, "X-Forwarded-")
