@@ -8,10 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/abox-dev/abox/internal/policy"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -143,6 +146,11 @@ func TestUserDataContent(t *testing.T) {
 		"/etc/pip.conf":                    {"proxy = " + proxy},
 		"/etc/npmrc":                       {"proxy=" + proxy, "https-proxy=" + proxy},
 		"/etc/gitconfig":                   {"proxy = " + proxy},
+		// sudo resets the environment; these names survive it.
+		sudoersProxyFile: {`Defaults env_keep += "http_proxy https_proxy HTTP_PROXY HTTPS_PROXY no_proxy NO_PROXY `, ` JAVA_TOOL_OPTIONS"` + "\n"},
+		// Services get the settings from the managers.
+		systemdProxyFile: {"[Manager]\nDefaultEnvironment=\"http_proxy=" + proxy + `" "https_proxy=` + proxy + `"`, `"JAVA_TOOL_OPTIONS=-Dhttp.proxyHost=10.10.5.1 -Dhttp.proxyPort=8080 `},
+		userdProxyFile:   {"[Manager]\nDefaultEnvironment=\"http_proxy=" + proxy + `"`},
 	} {
 		content, ok := files[path]
 		if !ok {
@@ -179,6 +187,7 @@ func TestNetworkConfigContent(t *testing.T) {
 			} `yaml:"routes"`
 			Nameservers struct {
 				Addresses []string `yaml:"addresses"`
+				Search    []string `yaml:"search"`
 			} `yaml:"nameservers"`
 		} `yaml:"ethernets"`
 	}
@@ -197,6 +206,12 @@ func TestNetworkConfigContent(t *testing.T) {
 	}
 	if len(e.Routes) != 1 || e.Routes[0].Via != "10.10.5.1" || len(e.Nameservers.Addresses) != 1 || e.Nameservers.Addresses[0] != "10.10.5.1" {
 		t.Errorf("routes/nameservers = %+v %+v", e.Routes, e.Nameservers)
+	}
+	// resolved sends a .local name to unicast DNS only for a routing
+	// domain of the link; a plain search domain would also be appended
+	// to short names.
+	if want := []string{"~" + policy.HealthcheckName}; !slices.Equal(e.Nameservers.Search, want) {
+		t.Errorf("nameservers.search = %q, want %q", e.Nameservers.Search, want)
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/abox-dev/abox/internal/policy"
 )
 
 // The structs below mirror the cloud-init keys abox uses; yaml.v3 does the
@@ -69,6 +71,7 @@ type route struct {
 
 type nameservers struct {
 	Addresses []quoted `yaml:"addresses"`
+	Search    []quoted `yaml:"search,omitempty"`
 }
 
 // quoted is always emitted double-quoted. yaml.v3 writes YAML 1.2, where
@@ -111,6 +114,13 @@ func MetaData(c Config) ([]byte, error) {
 // static guest address, the gateway as default route and resolver, matched
 // by MAC so it applies whatever the guest names its NIC. There is no DHCP
 // on the instance network, and IPv6 is dropped by the packet filter.
+//
+// The healthcheck name is a routing domain of the link ("~name", written
+// to networkd's Domains=): systemd-resolved never sends a .local name to a
+// unicast DNS server otherwise (it asks mDNS, which the packet filter
+// drops), so `getent hosts healthcheck.abox.local` would fail in the guest
+// while `dig @gateway` answers. A routing domain is not a search domain:
+// no short name gets it appended.
 func NetworkConfig(c Config) ([]byte, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -121,10 +131,13 @@ func NetworkConfig(c Config) ([]byte, error) {
 			Match: match{MACAddress: quoted(strings.ToLower(c.MAC))},
 			// A stable name the base image's networkd drop-ins can rely on
 			// (the debian-12 image turns IPv6 off on eth0).
-			SetName:     "eth0",
-			Addresses:   []quoted{quoted(c.guestPrefix())},
-			Routes:      []route{{To: "0.0.0.0/0", Via: quoted(c.Gateway.String())}},
-			Nameservers: nameservers{Addresses: []quoted{quoted(c.Gateway.String())}},
+			SetName:   "eth0",
+			Addresses: []quoted{quoted(c.guestPrefix())},
+			Routes:    []route{{To: "0.0.0.0/0", Via: quoted(c.Gateway.String())}},
+			Nameservers: nameservers{
+				Addresses: []quoted{quoted(c.Gateway.String())},
+				Search:    []quoted{quoted("~" + policy.HealthcheckName)},
+			},
 		}},
 	}
 	b, err := marshal(nc, "")
@@ -192,10 +205,11 @@ func toolConfigs(u string) []fileSpec {
 
 // ProxySettings names what the seed sets so that the guest's tools use the
 // proxy at proxyURL: the files that must still mention it (the shells'
-// profile and PAM environment, apt, pip, npm, git) and the variables every
+// profile and PAM environment, the service managers' environment, apt,
+// pip, npm, git) and the variables every
 // session must have (proxy, CA and JVM settings). doctor checks each.
 func ProxySettings(proxyURL string) (files, variables []string) {
-	files = []string{"/etc/profile.d/abox-proxy.sh", "/etc/environment"}
+	files = []string{"/etc/profile.d/abox-proxy.sh", "/etc/environment", systemdProxyFile, userdProxyFile}
 	for _, f := range toolConfigs(proxyURL) {
 		files = append(files, f.Path)
 	}
@@ -271,6 +285,9 @@ func UserData(c Config) ([]byte, error) {
 			{Path: "/etc/profile.d/abox-proxy.sh", Owner: "root:root", Permissions: "0644", Content: profile.String()},
 			// Appended: images may already set PATH or locale here.
 			{Path: "/etc/environment", Owner: "root:root", Permissions: "0644", Append: true, Content: environment.String()},
+			{Path: sudoersProxyFile, Owner: "root:root", Permissions: "0440", Content: sudoersEnvKeep(c)},
+			{Path: systemdProxyFile, Owner: "root:root", Permissions: "0644", Content: systemdEnvironment(c)},
+			{Path: userdProxyFile, Owner: "root:root", Permissions: "0644", Content: systemdEnvironment(c)},
 		},
 	}
 	ud.WriteFiles = append(ud.WriteFiles, toolConfigs(u)...)

@@ -70,7 +70,7 @@ const Debian12Cmdline = "console=ttyS0 root=/dev/vda rw net.ifnames=0 no_timer_c
 // Debian12Recipe is the cloud-init-ready Debian 12 image abox builds offline.
 func Debian12Recipe() Recipe {
 	return Recipe{
-		Version: 6, // 6: the kernel is stored uncompressed (PVH entry)
+		Version: 7, // 7: services get the seed's proxy environment on the first boot
 		Suite:   "bookworm",
 		Variant: "minbase",
 		Packages: []string{
@@ -147,6 +147,25 @@ cloud_final_modules: []
 			// dependency names, so it is listed too.
 			"/etc/initramfs-tools/conf.d/90-abox.conf": "MODULES=list\n",
 			"/etc/initramfs-tools/modules":             "virtio_pci\nvirtio_blk\next4\ncrc32c_generic\n",
+			// The seed's system.conf drop-in (the proxy environment for
+			// services, cloudinit.UserData) is written by cloud-init after
+			// systemd started, so on the first boot the manager is reloaded
+			// once to read it; on later boots it reads it when it starts and
+			// this does nothing. Before cloud-final: abox start waits for
+			// cloud-init to finish, so no session sees services without it.
+			"/etc/systemd/system/abox-seed-environment.service": `[Unit]
+Description=Give services the environment abox's seed wrote
+After=cloud-init.service
+Before=cloud-final.service
+ConditionPathExists=/etc/systemd/system.conf.d/90-abox-proxy.conf
+
+[Service]
+Type=oneshot
+ExecStart=/bin/sh -c 'systemctl show-environment | grep -q "^https_proxy=" || systemctl daemon-reload'
+
+[Install]
+WantedBy=multi-user.target
+`,
 			// cloud-final was ordered after the init stage only through
 			// cloud-config, which is masked above.
 			"/etc/systemd/system/cloud-final.service.d/90-abox.conf": "[Unit]\nAfter=cloud-init.service\n",
@@ -158,7 +177,7 @@ cloud_final_modules: []
 			// The config stage has no modules (90_abox.cfg): masked.
 			"/etc/systemd/system/cloud-config.service": "/dev/null",
 		},
-		Enable: []string{"systemd-networkd.service", "systemd-resolved.service", "ssh.service"},
+		Enable: []string{"systemd-networkd.service", "systemd-resolved.service", "ssh.service", "abox-seed-environment.service"},
 		// Background jobs that only cost CPU in a TCG guest without a mirror.
 		Disable: []string{"apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "e2scrub_reap.service"},
 		Remove: []string{
