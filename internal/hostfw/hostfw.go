@@ -3,7 +3,7 @@
 // that lets the host send into the bridge only replies and new SSH
 // connections (IPv4) or nothing (IPv6), and an INPUT chain that lets the
 // guest, from its own address only, reach on the host only the gateway's
-// DNS, proxy and ICMP echo, plus replies (IPv4), or nothing (IPv6).
+// DNS (UDP and TCP), proxy and ICMP echo, plus replies (IPv4), or nothing (IPv6).
 package hostfw
 
 import (
@@ -176,8 +176,8 @@ func specs(tool string, b Bridge) []chainSpec {
 	// proxy and ICMP traffic to the gateway, and on SSH connections) and
 	// new SSH connections: the design's one new inbound connection.
 	// The guest may send the host only replies (on those SSH connections)
-	// and what the nwfilter lets it start towards the gateway: DNS over
-	// UDP, new connections to the proxy, ICMP echo requests. Every other
+	// and what the nwfilter lets it start towards the gateway: DNS (UDP
+	// and TCP), new connections to the proxy, ICMP echo requests. Every other
 	// host port, and every other host address, is dropped.
 	// IPv6 is dropped everywhere, so ip6tables gets the bare DROPs.
 	var outReturns, inReturns [][]string
@@ -202,6 +202,10 @@ func specs(tool string, b Bridge) []chainSpec {
 			{"-d", gw, "-p", "udp", "-m", "udp", "--dport", "53", "-j", "RETURN"},
 			{"-d", gw, "-p", "tcp", "-m", "tcp", "--dport", strconv.Itoa(int(b.ProxyPort)), "-m", "conntrack", "--ctstate", "NEW", "-j", "RETURN"},
 			{"-d", gw, "-p", "icmp", "-m", "icmp", "--icmp-type", "8", "-j", "RETURN"},
+			// DNS over TCP: the DNS filter serves it (dig sends ANY and
+			// AXFR over TCP, resolvers retry a truncated answer over it),
+			// with its own connection limits.
+			{"-d", gw, "-p", "tcp", "-m", "tcp", "--dport", "53", "-m", "conntrack", "--ctstate", "NEW", "-j", "RETURN"},
 		}
 	}
 	return []chainSpec{

@@ -124,6 +124,7 @@ func TestE2EInNamespace(t *testing.T) {
 				"-A ABOXI-abx-fwtest0 -d 10.99.0.1/32 -p udp -m udp --dport 53 -j RETURN\n" +
 				"-A ABOXI-abx-fwtest0 -d 10.99.0.1/32 -p tcp -m tcp --dport 3128 -m conntrack --ctstate NEW -j RETURN\n" +
 				"-A ABOXI-abx-fwtest0 -d 10.99.0.1/32 -p icmp -m icmp --icmp-type 8 -j RETURN\n" +
+				"-A ABOXI-abx-fwtest0 -d 10.99.0.1/32 -p tcp -m tcp --dport 53 -m conntrack --ctstate NEW -j RETURN\n" +
 				"-A ABOXI-abx-fwtest0 -j DROP"
 		}
 		if got := dump(tool, "ABOXI-abx-fwtest0"); got != want {
@@ -389,10 +390,10 @@ func TestE2EHostToGuest(t *testing.T) {
 // standing for another host address) and a "guest" namespace behind it.
 // The host listens everywhere on the proxy port, UDP and TCP 53, 8081 (an
 // unrelated host service, like lab.HostListen in the VM suite) and 8081
-// over IPv6. After Ensure the guest still gets DNS over UDP, the proxy and
-// ping answers from the gateway, and SSH replies from itself to the host,
-// but nothing else: not 8081, not TCP/53, not the allowed ports on the
-// other host address, nothing over IPv6. After Remove all of it works,
+// over IPv6. After Ensure the guest still gets DNS over UDP and TCP, the
+// proxy and ping answers from the gateway, and SSH replies from itself to
+// the host, but nothing else: not 8081, not the allowed ports on the other
+// host address, nothing over IPv6. After Remove all of it works,
 // which shows the chain was what stopped it.
 func TestE2EGuestToHost(t *testing.T) {
 	need.Root(t, "network namespaces and iptables")
@@ -492,6 +493,7 @@ func TestE2EGuestToHost(t *testing.T) {
 	// allowed must work whether or not the chain is there.
 	allowed := []probe{
 		{"guest -> gateway UDP/53", func() bool { return udp(gw) }},
+		{"guest -> gateway TCP/53", func() bool { return fetch(guest, gw, "53") }},
 		{"guest -> gateway proxy port", func() bool { return fetch(guest, gw, proxyPort) }},
 		{"guest -> gateway ping", func() bool { return ping(gw) }},
 		{"host -> guest:22 (replies come in through INPUT)", func() bool { return fetch(host, guestIP, guestSSHPort) }},
@@ -499,7 +501,7 @@ func TestE2EGuestToHost(t *testing.T) {
 	// blocked must fail with the chain and work without it.
 	blocked := []probe{
 		{"guest -> gateway:8081", func() bool { return fetch(guest, gw, hostOnlyPort) }},
-		{"guest -> gateway TCP/53", func() bool { return fetch(guest, gw, "53") }},
+		{"guest -> other host address TCP/53", func() bool { return fetch(guest, otherHostIP, "53") }},
 		{"guest -> other host address:8081", func() bool { return fetch(guest, otherHostIP, hostOnlyPort) }},
 		{"guest -> other host address proxy port", func() bool { return fetch(guest, otherHostIP, proxyPort) }},
 		{"guest -> other host address UDP/53", func() bool { return udp(otherHostIP) }},

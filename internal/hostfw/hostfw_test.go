@@ -204,6 +204,7 @@ var (
 			"-A " + inChain + " -d 10.10.7.1/32 -p udp -m udp --dport 53 -j RETURN",
 			"-A " + inChain + " -d 10.10.7.1/32 -p tcp -m tcp --dport 3128 -m conntrack --ctstate NEW -j RETURN",
 			"-A " + inChain + " -d 10.10.7.1/32 -p icmp -m icmp --icmp-type 8 -j RETURN",
+			"-A " + inChain + " -d 10.10.7.1/32 -p tcp -m tcp --dport 53 -m conntrack --ctstate NEW -j RETURN",
 			"-A " + inChain + " -j DROP",
 		},
 		"ip6tables": {"-A " + inChain + " -j DROP"},
@@ -456,6 +457,7 @@ func TestEnsureFollowsProxyPortAndGateway(t *testing.T) {
 		"-A " + inChain + " -d 10.10.9.1/32 -p udp -m udp --dport 53 -j RETURN",
 		"-A " + inChain + " -d 10.10.9.1/32 -p tcp -m tcp --dport 8888 -m conntrack --ctstate NEW -j RETURN",
 		"-A " + inChain + " -d 10.10.9.1/32 -p icmp -m icmp --icmp-type 8 -j RETURN",
+		"-A " + inChain + " -d 10.10.9.1/32 -p tcp -m tcp --dport 53 -m conntrack --ctstate NEW -j RETURN",
 		"-A " + inChain + " -j DROP",
 	}
 	if got := tables.chains["iptables"][inChain]; !slices.Equal(got, want) {

@@ -111,6 +111,7 @@ func TestNWFilterPolicy(t *testing.T) {
 		{"accept", "out", "udp dst=10.10.5.1 dport=53 state=NEW"},
 		{"accept", "out", "tcp dst=10.10.5.1 dport=8080 state=NEW"},
 		{"accept", "out", "icmp dst=10.10.5.1 state=NEW type=8"},
+		{"accept", "out", "tcp dst=10.10.5.1 dport=53 state=NEW"},
 		{"drop", "in", "all-ipv6"},
 		{"drop", "out", "all-ipv6"},
 		{"drop", "in", "all"},

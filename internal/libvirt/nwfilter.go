@@ -31,6 +31,7 @@ const (
 	prioDNSOut         = 300
 	prioProxyOut       = 301
 	prioICMPOut        = 302
+	prioDNSTCPOut      = 303
 	prioDropIPv6In     = 900
 	prioDropIPv6Out    = 901
 	prioDropAllIn      = 998
@@ -116,6 +117,7 @@ func BuildNWFilter(p Params) (*libvirtxml.NWFilter, error) {
 			NWFilterRuleCommonPort: libvirtxml.NWFilterRuleCommonPort{DstPortStart: field("22")},
 		}},
 		// Guest-initiated: DNS, the HTTP proxy and ICMP, to the gateway only.
+		// (DNS over TCP follows the ICMP rule.)
 		{Action: "accept", Direction: "out", Priority: prioDNSOut, UDP: &libvirtxml.NWFilterRuleUDP{
 			NWFilterRuleCommonIP:   libvirtxml.NWFilterRuleCommonIP{DstIPAddr: gw, State: newConn},
 			NWFilterRuleCommonPort: libvirtxml.NWFilterRuleCommonPort{DstPortStart: field("53")},
@@ -130,6 +132,13 @@ func BuildNWFilter(p Params) (*libvirtxml.NWFilter, error) {
 		{Action: "accept", Direction: "out", Priority: prioICMPOut, ICMP: &libvirtxml.NWFilterRuleICMP{
 			NWFilterRuleCommonIP: libvirtxml.NWFilterRuleCommonIP{DstIPAddr: gw, State: newConn},
 			Type:                 field("8"),
+		}},
+		// DNS over TCP to the gateway: the DNS filter serves it (dig
+		// sends ANY and AXFR over TCP; resolvers retry a truncated answer
+		// over it). Dropping it left such queries hanging.
+		{Action: "accept", Direction: "out", Priority: prioDNSTCPOut, TCP: &libvirtxml.NWFilterRuleTCP{
+			NWFilterRuleCommonIP:   libvirtxml.NWFilterRuleCommonIP{DstIPAddr: gw, State: newConn},
+			NWFilterRuleCommonPort: libvirtxml.NWFilterRuleCommonPort{DstPortStart: field("53")},
 		}},
 		// IPv6 again at layer 3 (ip6tables): if the layer-2 drop were ever
 		// lost, IPv6 would otherwise pass, as <all/> does not cover it.
