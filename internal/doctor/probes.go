@@ -30,9 +30,9 @@ type probe struct {
 // run has 40 s.
 const proxyProbeSecs = "20"
 
-// gatewayPorts are ports probed on the gateway besides DNS (UDP) and the
-// proxy: the host's usual services and the DNS filter's TCP socket.
-var gatewayPorts = []int{22, 53, 80, 443, 5300, 8080, 8081}
+// gatewayPorts are ports probed on the gateway besides DNS (UDP and TCP)
+// and the proxy: the host's usual services.
+var gatewayPorts = []int{22, 80, 443, 5300, 8080, 8081}
 
 // probes builds the negative probes (and two positive controls that keep the
 // negative ones honest: a probe that "fails to connect" proves nothing when
