@@ -209,8 +209,9 @@ func TestNetworkConfigContent(t *testing.T) {
 	}
 	// resolved sends a .local name to unicast DNS only for a routing
 	// domain of the link; a plain search domain would also be appended
-	// to short names.
-	if want := []string{"~" + policy.HealthcheckName}; !slices.Equal(e.Nameservers.Search, want) {
+	// to short names. Without "~." resolved would use the link for
+	// nothing else.
+	if want := []string{"~" + policy.HealthcheckName, "~."}; !slices.Equal(e.Nameservers.Search, want) {
 		t.Errorf("nameservers.search = %q, want %q", e.Nameservers.Search, want)
 	}
 }

@@ -120,7 +120,9 @@ func MetaData(c Config) ([]byte, error) {
 // unicast DNS server otherwise (it asks mDNS, which the packet filter
 // drops), so `getent hosts healthcheck.abox.local` would fail in the guest
 // while `dig @gateway` answers. A routing domain is not a search domain:
-// no short name gets it appended.
+// no short name gets it appended. "~." goes with it: resolved stops using
+// a link that has routing domains for every other name (DefaultRoute
+// off), and the guest then resolved nothing but the healthcheck.
 func NetworkConfig(c Config) ([]byte, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -136,7 +138,7 @@ func NetworkConfig(c Config) ([]byte, error) {
 			Routes:    []route{{To: "0.0.0.0/0", Via: quoted(c.Gateway.String())}},
 			Nameservers: nameservers{
 				Addresses: []quoted{quoted(c.Gateway.String())},
-				Search:    []quoted{quoted("~" + policy.HealthcheckName)},
+				Search:    []quoted{quoted("~" + policy.HealthcheckName), "~."},
 			},
 		}},
 	}
