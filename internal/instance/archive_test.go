@@ -589,3 +589,39 @@ func TestImportRefusesABadUpstreamCA(t *testing.T) {
 	}
 	assertNothingLeft(t, r, "dev2")
 }
+
+// cancelOn cancels when a progress line contains what.
+type cancelOn struct {
+	what   string
+	cancel context.CancelFunc
+}
+
+func (c cancelOn) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), c.what) {
+		c.cancel()
+	}
+	return len(p), nil
+}
+
+// TestInterruptedExportAndImportLeaveNothing: Ctrl-C (a cancelled context)
+// while the disk is being written leaves no file next to the destination,
+// and no instance.
+func TestInterruptedExportAndImportLeaveNothing(t *testing.T) {
+	r := archiveRig(t)
+	good := plainArchive(t, r)
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	r.m.Progress = cancelOn{"exporting dev: disk", cancel}
+	if _, err := r.m.Export(ctx, "dev", filepath.Join(dir, "dev.abox")); !errors.Is(err, context.Canceled) {
+		t.Fatalf("interrupted export = %v", err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("an interrupted export left %v", ents)
+	}
+	ctx, cancel = context.WithCancel(context.Background())
+	r.m.Progress = cancelOn{"importing dev2: disk", cancel}
+	if _, _, err := r.m.Import(ctx, good, ImportOptions{Name: "dev2"}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("interrupted import = %v", err)
+	}
+	assertNothingLeft(t, r, "dev2")
+}
