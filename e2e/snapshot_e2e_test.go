@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -38,8 +39,12 @@ func (s *suite) snapshotChecks(t *testing.T, st instance.State, proxy string) {
 		s.mustAbox("snapshot", "create", "dev", "warm", "--description", "snapfile present")
 		t.Logf("FIGURE snapshot-create-running (%d MiB guest, TCG): %s", st.MemoryMiB, time.Since(t0).Round(100*time.Millisecond))
 
+		taken := time.Now()
 		s.mustGuest(t, "dev", "rm ~/snapfile && sync")
 		s.mustAbox("allowlist", "remove", "dev", "late.test")
+		// The guest's clock resumes at the snapshot's: let it fall
+		// clearly behind, so that the check below sees the revert set it.
+		time.Sleep(time.Until(taken.Add(15 * time.Second)))
 
 		t0 = time.Now()
 		out := s.mustAbox("snapshot", "revert", "dev", "warm")
@@ -49,6 +54,11 @@ func (s *suite) snapshotChecks(t *testing.T, st instance.State, proxy string) {
 		}
 		if err := s.waitSSH("dev", 2*time.Minute); err != nil {
 			t.Fatalf("no SSH after the revert: %v", err)
+		}
+		clock := s.mustGuest(t, "dev", "date +%s")
+		guest, err := strconv.ParseInt(strings.TrimSpace(clock), 10, 64)
+		if lag := time.Since(time.Unix(guest, 0)); err != nil || lag > 5*time.Second || lag < -5*time.Second {
+			t.Errorf("after the revert the guest's clock is %v off the host's (%q, %v)", lag.Round(time.Second), clock, err)
 		}
 		if out := s.mustGuest(t, "dev", "cat ~/snapfile"); strings.TrimSpace(out) != "kept-by-the-snapshot" {
 			t.Errorf("after the revert ~/snapfile = %q, want the snapshot's", out)
