@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // WriteFileAtomic writes data to path through a temporary file in the same
@@ -59,4 +60,25 @@ func Within(path, dir string) bool {
 	}
 	rel, err := filepath.Rel(dir, path)
 	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
+// FreeBytes is what an unprivileged writer may still use on dir's file
+// system (root may use the reserved blocks too, but the host's other
+// programs need them).
+func FreeBytes(dir string) (int64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, nil
+}
+
+// Reserve is the free space a large write (a copy out of a guest, an
+// imported disk) must leave on dir's file system: 5% of it, at least 1 GiB.
+func Reserve(dir string) int64 {
+	var st syscall.Statfs_t
+	if syscall.Statfs(dir, &st) != nil {
+		return 1 << 30
+	}
+	return max(1<<30, int64(st.Blocks)*st.Bsize/20)
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/testutil/need"
 )
 
@@ -197,7 +198,7 @@ func TestCopyOutStopsBeforeTheHostDiskFills(t *testing.T) {
 	f.Truncate(256 << 20) // sparse in the guest, written out in full on the host
 	f.Close()
 	host := t.TempDir()
-	free, err := freeBytes(host)
+	free, err := fsutil.FreeBytes(host)
 	if err != nil {
 		t.Fatal(err)
 	}

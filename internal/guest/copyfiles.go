@@ -11,9 +11,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/termtext"
 )
 
@@ -46,7 +46,7 @@ type copier struct {
 	// serves a directory with sftp-server).
 	extra []string
 	// reserve is the free space in bytes a copy out leaves on the host;
-	// 0 is copyReserve's.
+	// 0 is fsutil.Reserve's.
 	reserve int64
 }
 
@@ -178,7 +178,7 @@ func (c copier) copyOut(ctx context.Context, t Target, p CopyPlan, stdout, stder
 	full := make(chan error, 1)
 	reserve := c.reserve
 	if reserve == 0 {
-		reserve = copyReserve(stage)
+		reserve = fsutil.Reserve(stage)
 	}
 	go func() { full <- watchSpace(wctx, stage, reserve, cancel) }()
 	err = c.runSCP(wctx, t, sp, stdout, stderr)
@@ -280,34 +280,13 @@ func planMove(from, to string, moves *[][2]string) error {
 // host's file system.
 var ErrHostDiskFull = errors.New("the copy would fill the host's file system")
 
-// copyReserve is the free space a copy out must leave on dir's file
-// system: 5% of it, at least 1 GiB.
-func copyReserve(dir string) int64 {
-	var st syscall.Statfs_t
-	if syscall.Statfs(dir, &st) != nil {
-		return 1 << 30
-	}
-	return max(1<<30, int64(st.Blocks)*st.Bsize/20)
-}
-
-// freeBytes is what an unprivileged writer may still use on dir's file
-// system (root may use the reserved blocks too, but the host's other
-// programs need them).
-func freeBytes(dir string) (int64, error) {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
-		return 0, err
-	}
-	return int64(st.Bavail) * st.Bsize, nil
-}
-
 // watchSpace polls the free space of dir's file system until ctx ends,
 // and stops the copy (stop) once less than reserve is left.
 func watchSpace(ctx context.Context, dir string, reserve int64, stop func()) error {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
-		if free, err := freeBytes(dir); err == nil && free < reserve {
+		if free, err := fsutil.FreeBytes(dir); err == nil && free < reserve {
 			stop()
 			return fmt.Errorf("%w: %s has %d bytes free, less than the %d a copy leaves; nothing was kept (copy less, or free space)", ErrHostDiskFull, dir, free, reserve)
 		}

@@ -165,6 +165,9 @@ func (m *Manager) Import(ctx context.Context, file string, o ImportOptions) (st 
 			if err = m.checkTrust(file, st, staged(f.Allowlist), o.Trust); err != nil {
 				return State{}, nil, err
 			}
+			if err = checkDiskEntry(stage, ent, st.DiskGiB); err != nil {
+				return State{}, nil, fmt.Errorf("importing %s: %w", file, err)
+			}
 			targets[ent.Name] = filepath.Join(stage, ent.Name)
 			r = m.progressReader(ctx, r, "importing "+name+": disk", ent.Size)
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/abox-dev/abox/internal/archive"
 	"github.com/abox-dev/abox/internal/config"
 	"github.com/abox-dev/abox/internal/egress"
+	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/paths"
 	"github.com/abox-dev/abox/internal/termtext"
 	"github.com/abox-dev/abox/internal/validate"
@@ -237,6 +238,32 @@ func (m *Manager) checkDisk(ctx context.Context, path, entry string, diskGiB uin
 		return fmt.Errorf("the disk %s is encrypted", entry)
 	case info.VirtualSize <= 0 || info.VirtualSize > int64(diskGiB)<<30:
 		return fmt.Errorf("the disk %s is %d bytes, not within the state's %d GiB", entry, info.VirtualSize, diskGiB)
+	}
+	return nil
+}
+
+// checkDiskEntry refuses a disk entry, before a byte of it is written,
+// whose declared size the state's disk cannot hold (a gzip stream or a
+// sparse tar entry of a few KiB can declare terabytes of zeros) or that
+// would not fit in dir's free space, less fsutil.Reserve (for a raw disk
+// twice: qemu-img converts it into a qcow2 beside it).
+func checkDiskEntry(dir string, ent archive.File, diskGiB uint) error {
+	virtual := int64(diskGiB) << 30
+	// A qcow2 of 64 KiB clusters (what export writes) holds its virtual
+	// size in data plus about 1/6000 of it in L2 and refcount tables.
+	limit, need := virtual+virtual/64+16<<20, ent.Size
+	if ent.Name == archive.DiskRaw {
+		limit, need = virtual, ent.Size+virtual+virtual/64+16<<20
+	}
+	if ent.Size > limit {
+		return fmt.Errorf("the archive's %s is %d bytes, more than the state's %d GiB disk can hold", ent.Name, ent.Size, diskGiB)
+	}
+	free, err := fsutil.FreeBytes(dir)
+	if err != nil {
+		return fmt.Errorf("the free space for the disk: %w", err)
+	}
+	if reserve := fsutil.Reserve(dir); need > free-reserve {
+		return fmt.Errorf("the disk %s needs %d MiB and the file system of %s has %d MiB free, of which %d MiB stay free: free some space first", ent.Name, need>>20, dir, free>>20, reserve>>20)
 	}
 	return nil
 }

@@ -1,0 +1,141 @@
+package instance
+
+import (
+	"archive/tar"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/abox-dev/abox/internal/archive"
+	"github.com/abox-dev/abox/internal/fsutil"
+)
+
+// declaredDisk rewrites the archive at src (its state changed by
+// editState) so that its disk entry is named disk and declares size
+// bytes, and the stream ends after that entry's header: what a gzip
+// bomb or a sparse tar entry of a few KiB declares before its zeros. An
+// import that starts writing the disk finds it truncated.
+func declaredDisk(t *testing.T, src string, editState func(map[string]any), disk string, size int64) string {
+	t.Helper()
+	fh, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	rd, err := archive.NewReader(fh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := rd.Manifest()
+	var st map[string]any
+	json.Unmarshal(m.State, &st)
+	if editState != nil {
+		editState(st)
+	}
+	m.State, _ = json.Marshal(st)
+	out := filepath.Join(t.TempDir(), "bomb.abox")
+	of, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer of.Close()
+	gz := gzip.NewWriter(of)
+	tw := tar.NewWriter(gz)
+	var bodies [][]byte
+	files := m.Files
+	m.Files = nil
+	for {
+		f, er, err := rd.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if archive.IsDisk(f.Name) {
+			f = archive.File{Name: disk, Size: size}
+			m.Files = append(m.Files, f)
+			break
+		}
+		b, _ := io.ReadAll(er)
+		bodies = append(bodies, b)
+		m.Files = append(m.Files, f)
+	}
+	if len(m.Files) != len(files) {
+		t.Fatalf("rewrote %d entries of %d", len(m.Files), len(files))
+	}
+	put := func(name string, b []byte, size int64) {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Size: size, Mode: 0o600, Format: tar.FormatPAX}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mb, _ := json.Marshal(m)
+	put(archive.ManifestName, mb, int64(len(mb)))
+	for i, b := range bodies {
+		put(m.Files[i].Name, b, int64(len(b)))
+	}
+	put(disk, nil, size)
+	if err := gz.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestImportRefusesADiskThatCannotFit: a disk entry that declares more
+// than the state's disk can hold, or more than the host's free space, is
+// refused before a byte of it is written (without this, a 4 KiB archive
+// of a default instance made import write terabytes of zeros until the
+// host's file system was full).
+func TestImportRefusesADiskThatCannotFit(t *testing.T) {
+	r := archiveRig(t)
+	ctx := context.Background()
+	good := plainArchive(t, r)
+	free, err := fsutil.FreeBytes(r.m.Layout.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const tib = int64(1) << 40
+	if free >= 4*tib {
+		t.Skipf("the test's file system has %d bytes free, more than the largest disk an archive may declare", free)
+	}
+	setDisk := func(gib int) func(map[string]any) { return func(m map[string]any) { m["disk_gib"] = gib } }
+	cases := []struct {
+		name  string
+		state func(map[string]any)
+		disk  string
+		size  int64
+		trust bool
+		want  string
+	}{
+		// The state's disk is 1 GiB, a default that needs no trust.
+		{"qcow2 larger than the state's disk", nil, archive.DiskQCOW2, 2 << 30, false, "more than the state's 1 GiB disk can hold"},
+		{"raw larger than the state's disk", nil, archive.DiskRaw, 1<<30 + 1, false, "more than the state's 1 GiB disk can hold"},
+		{"qcow2 of 4 TiB, trusted, on a smaller file system", setDisk(4096), archive.DiskQCOW2, 4 * tib, true, "free some space first"},
+		{"raw of 4 TiB, trusted, on a smaller file system", setDisk(4096), archive.DiskRaw, 4 * tib, true, "free some space first"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			evil := declaredDisk(t, good, c.state, c.disk, c.size)
+			_, _, err := r.m.Import(ctx, evil, ImportOptions{Name: "dev2", Trust: c.trust})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("import = %v, want a refusal containing %q", err, c.want)
+			}
+			assertNothingLeft(t, r, "dev2")
+		})
+	}
+	// The same archive with a disk that fits imports: the helper's
+	// archive is otherwise sound up to the disk.
+	evil := declaredDisk(t, good, nil, archive.DiskQCOW2, 1<<20)
+	if _, _, err := r.m.Import(ctx, evil, ImportOptions{Name: "dev2"}); err == nil || !strings.Contains(err.Error(), "truncated") {
+		t.Fatalf("import of a truncated disk = %v, want truncated", err)
+	}
+}
