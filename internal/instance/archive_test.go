@@ -471,7 +471,7 @@ func TestImportRefusesHostileContent(t *testing.T) {
 			b, _ := os.ReadFile(p)
 			return b
 		}()), "internal snapshot"},
-		{"another format", nil, disk(archive.DiskQCOW2, img("-f", "vmdk", "1M")), `a "vmdk" image`},
+		{"another format", nil, disk(archive.DiskQCOW2, img("-f", "vmdk", "1M")), "not a plain qcow2 image"},
 		{"disk larger than the state says", nil, disk(archive.DiskQCOW2, img("-f", "qcow2", "2G")), "not within the state's 1 GiB"},
 		{"unknown state field", setState("evil", true), nil, "unknown field"},
 		{"other proxy port", setState("proxy_port", 22), nil, "proxy port 22"},

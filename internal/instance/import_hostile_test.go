@@ -10,7 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/abox-dev/abox/internal/archive"
 	"github.com/abox-dev/abox/internal/fsutil"
@@ -137,5 +139,65 @@ func TestImportRefusesADiskThatCannotFit(t *testing.T) {
 	evil := declaredDisk(t, good, nil, archive.DiskQCOW2, 1<<20)
 	if _, _, err := r.m.Import(ctx, evil, ImportOptions{Name: "dev2"}); err == nil || !strings.Contains(err.Error(), "truncated") {
 		t.Fatalf("import of a truncated disk = %v, want truncated", err)
+	}
+}
+
+// TestImportNeverProbesTheDisk: a disk entry that is a vmdk descriptor
+// naming a host path as its extent. qemu-img info without -f probes it as
+// vmdk and opens that path (any host file, a device, a FIFO that hangs
+// the import); the import must never open it, under either disk name.
+func TestImportNeverProbesTheDisk(t *testing.T) {
+	r := archiveRig(t)
+	ctx := context.Background()
+	good := plainArchive(t, r)
+	fifo := filepath.Join(t.TempDir(), "host-fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	desc := []byte("# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\ncreateType=\"monolithicFlat\"\n\nRW 2048 FLAT \"" + fifo + "\" 0\n")
+	for _, name := range []string{archive.DiskQCOW2, archive.DiskRaw} {
+		t.Run(name, func(t *testing.T) {
+			evil := rewrap(t, good, nil, func(n string, b []byte) (string, []byte) {
+				if archive.IsDisk(n) {
+					return name, desc
+				}
+				return n, b
+			})
+			// A reader of the FIFO lets this writer's non-blocking open
+			// succeed; closing it again gives the reader EOF, so a
+			// probing import goes on instead of hanging.
+			done, opened := make(chan struct{}), make(chan bool, 1)
+			go func() {
+				seen := false
+				defer func() { opened <- seen }()
+				for {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					if fh, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+						seen = true
+						fh.Close()
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}()
+			_, _, err := r.m.Import(ctx, evil, ImportOptions{Name: "dev2"})
+			close(done)
+			if <-opened {
+				t.Errorf("import opened the host path the disk's vmdk descriptor names (import: %v)", err)
+			}
+			if name == archive.DiskQCOW2 && (err == nil || !strings.Contains(err.Error(), "not a plain qcow2 image")) {
+				t.Errorf("import = %v, want a refusal containing %q", err, "not a plain qcow2 image")
+			}
+			// As raw the descriptor is only the guest's bytes.
+			if err == nil {
+				if err := r.m.Remove(ctx, "dev2", false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			assertNothingLeft(t, r, "dev2")
+		})
 	}
 }

@@ -197,13 +197,29 @@ func (m *Manager) checkDisk(ctx context.Context, path, entry string, diskGiB uin
 	if entry == archive.DiskRaw {
 		want = "raw"
 	}
-	// qemu-img info opens neither a backing nor a data file (checked in
-	// the tests with FIFOs there); the bound is for anything else.
+	// Never probed: a file that probes as vmdk (a text descriptor) makes
+	// qemu-img open the extent paths it names, any host file, device or
+	// FIFO. With -f qemu-img info opens neither a backing nor a data file
+	// (checked in the tests with FIFOs there); the bound is for anything
+	// else. A raw disk is read by its bytes, so "raw" always answers; the
+	// magic check below refuses the format confusion of a qcow2 in it.
 	ictx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	out, err := m.Run.Run(ictx, "qemu-img", "info", "--output=json", path)
+	out, err := m.Run.Run(ictx, "qemu-img", "info", "-f", want, "--output=json", path)
 	if err != nil {
-		return fmt.Errorf("the disk: %w", err)
+		return fmt.Errorf("the disk %s is not a plain %s image: %w", entry, want, err)
+	}
+	if want == "raw" {
+		fh, err := os.Open(path)
+		if err != nil {
+			return fmt.Errorf("the disk: %w", err)
+		}
+		var magic [4]byte
+		_, err = io.ReadFull(fh, magic[:])
+		fh.Close()
+		if err == nil && string(magic[:]) == "QFI\xfb" {
+			return fmt.Errorf("the disk %s is a %q image, want plain raw", entry, "qcow2")
+		}
 	}
 	var info struct {
 		Format          string `json:"format"`
