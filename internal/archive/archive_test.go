@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -50,6 +51,56 @@ func craft(t testing.TB, ents ...ent) []byte {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
+	if err := gz.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// sparseArchive is the manifest, then name as a PAX sparse 1.0 entry
+// (written by hand: Go's tar writer drops GNU.sparse records) of realsize
+// zeros from one 512-byte map block.
+func sparseArchive(t testing.TB, manifest, name string, realsize int64) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: ManifestName, Size: int64(len(manifest)), Mode: 0o600}); err != nil {
+		t.Fatal(err)
+	}
+	tw.Write([]byte(manifest))
+	tw.Flush()
+	block := func(name string, typ byte, size int) []byte {
+		b := make([]byte, 512)
+		copy(b, name)
+		for i, f := range []string{"0000600", "0000000", "0000000", fmt.Sprintf("%011o", size), "00000000000"} {
+			copy(b[[]int{100, 108, 116, 124, 136}[i]:], f)
+		}
+		b[156] = typ
+		copy(b[257:], "ustar\x0000")
+		copy(b[148:156], "        ")
+		sum := 0
+		for _, c := range b {
+			sum += int(c)
+		}
+		copy(b[148:], fmt.Sprintf("%06o\x00 ", sum))
+		return b
+	}
+	pad := func(b []byte) []byte { return append(b, make([]byte, (512-len(b)%512)%512)...) }
+	var pax string
+	for _, kv := range [][2]string{{"GNU.sparse.major", "1"}, {"GNU.sparse.minor", "0"}, {"GNU.sparse.name", name}, {"GNU.sparse.realsize", fmt.Sprint(realsize)}} {
+		rec := " " + kv[0] + "=" + kv[1] + "\n"
+		n := len(rec) + 1
+		for len(fmt.Sprint(n))+len(rec) != n {
+			n = len(fmt.Sprint(n)) + len(rec)
+		}
+		pax += fmt.Sprint(n) + rec
+	}
+	gz.Write(block("PaxHeaders/x", tar.TypeXHeader, len(pax)))
+	gz.Write(pad([]byte(pax)))
+	gz.Write(block("x", tar.TypeReg, 512))
+	gz.Write(pad([]byte("1\n0\n0\n"))) // one data region, at 0, of 0 bytes: all hole
+	gz.Write(make([]byte, 1024))
 	if err := gz.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -137,6 +188,7 @@ func TestRefusesHostileArchives(t *testing.T) {
 		{"oversized entry", craft(t, reg(ManifestName, m(File{SSHKey, 2 << 20}, disk))), "over the"},
 		{"no disk", craft(t, reg(ManifestName, m(File{Allowlist, 1}))), "exactly one disk"},
 		{"two disks", craft(t, reg(ManifestName, m(File{DiskRaw, 1}, disk))), "exactly one disk"},
+		{"sparse entry", sparseArchive(t, m(File{DiskRaw, 1 << 20}), DiskRaw, 1<<20), "sparse file"},
 		{"truncated inside an entry", goodBytes[:len(goodBytes)-30], "truncated"},
 		{"data after the stream", append(append([]byte{}, goodBytes...), "trailing"...), "after the compressed stream"},
 		{"second gzip member", append(append([]byte{}, goodBytes...), good(t)...), "after the compressed stream"},

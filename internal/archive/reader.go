@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // Reader reads an archive entry by entry, refusing everything but what the
@@ -128,6 +129,14 @@ func (r *Reader) header() (*tar.Header, error) {
 	}
 	if kind != "" {
 		return nil, refuse("entry %q is %s; an abox archive holds regular files only", clip(h.Name), kind)
+	}
+	// A sparse entry (PAX GNU.sparse.*; Go's reader shows it as a
+	// regular file of its expanded size) turns a few bytes of map into
+	// terabytes of zeros; abox's writer never makes one.
+	for k := range h.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return nil, refuse("entry %q is a sparse file; an abox archive holds regular files only", clip(h.Name))
+		}
 	}
 	if h.Linkname != "" {
 		return nil, refuse("entry %q names a link target", clip(h.Name))
