@@ -263,6 +263,12 @@ func (c *CA) load() (*x509.Certificate, *ecdsa.PrivateKey, []byte, error) {
 	if !key.PublicKey.Equal(cert.PublicKey) {
 		return nil, nil, nil, errors.New("loading ca: ca.key does not match ca.crt")
 	}
+	// ca.crt may come from an imported archive: a leaf there would sign
+	// leaves no guest accepts, so every TLS connection would fail later
+	// with a message about the guest, not about this file.
+	if !cert.BasicConstraintsValid || !cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return nil, nil, nil, errors.New("loading ca: ca.crt is not a CA certificate (it needs basic constraints CA:TRUE and the certSign key usage)")
+	}
 	return cert, key, cb.Bytes, nil
 }
 

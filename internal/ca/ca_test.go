@@ -1,9 +1,12 @@
 package ca
 
 import (
+	"crypto/rand"
 	"crypto/x509"
+	"encoding/pem"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -127,5 +130,28 @@ func TestWorldReadableKeyRefused(t *testing.T) {
 	c2 := newCA(t, Config{Dir: c.cfg.Dir})
 	if _, err := c2.Leaf("a.example"); err == nil {
 		t.Error("a CA key readable by others was used")
+	}
+}
+
+// TestNonCACertRefused: a ca.crt that is not a CA (an archive's, say)
+// is refused with a message naming it, not used to sign leaves.
+func TestNonCACertRefused(t *testing.T) {
+	c := newCA(t, Config{})
+	if _, err := c.CertPEM(); err != nil {
+		t.Fatal(err)
+	}
+	// The same key, in a certificate without CA:TRUE.
+	tmpl := *c.cert
+	tmpl.IsCA, tmpl.KeyUsage, tmpl.MaxPathLen, tmpl.MaxPathLenZero = false, x509.KeyUsageDigitalSignature, -1, false
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, &tmpl, &c.key.PublicKey, c.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(c.cfg.Dir, CertFile), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c2 := newCA(t, Config{Dir: c.cfg.Dir})
+	if _, err := c2.CertPEM(); err == nil || !strings.Contains(err.Error(), "not a CA certificate") {
+		t.Errorf("CertPEM with a non-CA ca.crt = %v, want a refusal naming it", err)
 	}
 }
