@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -44,6 +45,12 @@ func NewParentProxy(rawURL, credentialsFile string) (*ParentProxy, error) {
 	}
 	if u.User != nil {
 		return nil, errors.New("upstream proxy: credentials do not belong in the URL; put USER:PASSWORD in a file and name it as the credentials file")
+	}
+	// HOST is an IP or an ASCII DNS name: the URL reaches status output
+	// and may come from an imported archive, and url.Parse lets Unicode
+	// format characters (a right-to-left override) through.
+	if port, err := strconv.ParseUint(u.Port(), 10, 16); err != nil || port == 0 || !proxyHostOK(u.Hostname()) {
+		return nil, fmt.Errorf("upstream proxy %q: want http://HOST:PORT with HOST an IP address or a DNS name and PORT 1-65535", rawURL)
 	}
 	p := &ParentProxy{Addr: u.Host}
 	if credentialsFile != "" {
@@ -123,3 +130,26 @@ type bufferedConn struct {
 }
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// proxyHostOK reports whether h is an IP address or a DNS name of ASCII
+// letters, digits and hyphens.
+func proxyHostOK(h string) bool {
+	if _, err := netip.ParseAddr(h); err == nil {
+		return true
+	}
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(h, "."), ".") {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		for i := 0; i < len(l); i++ {
+			c := l[i]
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+				return false
+			}
+		}
+	}
+	return true
+}

@@ -179,6 +179,10 @@ func TestParentProxyRefusals(t *testing.T) {
 		{"http://u:p@proxy:3128", "", "do not belong in the URL"},
 		{"https://proxy:3128", "", "want http://HOST:PORT"},
 		{"http://proxy", "", "want http://HOST:PORT"},
+		// What an imported archive could carry into status output.
+		{"http://proxy\u202eexample:3128", "", "HOST an IP address or a DNS name"},
+		{"http://proxy\u009b31m:3128", "", "HOST an IP address or a DNS name"},
+		{"http://proxy:99999", "", "PORT 1-65535"},
 		{"http://proxy:3128", filepath.Join(dir, "missing"), "credentials"},
 		{"http://proxy:3128", bad, "USER:PASSWORD"},
 	} {

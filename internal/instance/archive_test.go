@@ -484,6 +484,7 @@ func TestImportRefusesHostileContent(t *testing.T) {
 			return n, b
 		}, "archive lacks boot/kernel"},
 		{"bad upstream", setState("upstreams", []string{"resolver.example.com;rm"}), nil, "upstream"},
+		{"upstream proxy host with a right-to-left override", setState("upstream_proxy", "http://proxy\u202eexample:3128"), nil, "HOST an IP address or a DNS name"},
 		{"credentials without proxy", setState("upstream_proxy_credentials", "/etc/shadow"), nil, "credentials without an upstream proxy"},
 		{"missing ssh key", nil, func(n string, b []byte) (string, []byte) {
 			if n == archive.SSHKey {
