@@ -327,7 +327,7 @@ func (m *Manager) importCollision(ctx context.Context, name string) error {
 		if err != nil {
 			return fmt.Errorf("importing as %s: %w", name, err)
 		}
-		return fmt.Errorf("importing as %s: libvirt already has a domain %s not known to abox; import under another name with --name NEW", name, libvirt.DomainName(name))
+		return fmt.Errorf("importing as %s: libvirt already has a domain %s not known to abox (an interrupted create or import leaves one); remove it with `abox remove --force %s`, or import under another name with --name NEW", name, libvirt.DomainName(name), name)
 	}
 	return nil
 }

@@ -201,3 +201,31 @@ func TestImportNeverProbesTheDisk(t *testing.T) {
 		})
 	}
 }
+
+// TestImportKilledBeforeItsStateIsSaved: an import killed (SIGKILL, no
+// rollback) after it defined the libvirt objects and before it saved the
+// state leaves an instance directory without state and a domain abox does
+// not know. The next import of that name says how to clear it, and
+// `abox remove --force` does.
+func TestImportKilledBeforeItsStateIsSaved(t *testing.T) {
+	r := archiveRig(t)
+	ctx := context.Background()
+	good := plainArchive(t, r)
+	if _, _, err := r.m.Import(ctx, good, ImportOptions{Name: "dev2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(r.m.Layout.Instance("dev2").State); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := r.m.Import(ctx, good, ImportOptions{Name: "dev2"})
+	if err == nil || !strings.Contains(err.Error(), "abox remove --force dev2") {
+		t.Fatalf("import over a killed import's leftovers = %v, want the fix (abox remove --force dev2)", err)
+	}
+	if err := r.m.Remove(ctx, "dev2", true); err != nil {
+		t.Fatalf("remove --force of a killed import's leftovers: %v", err)
+	}
+	assertNothingLeft(t, r, "dev2")
+	if _, _, err := r.m.Import(ctx, good, ImportOptions{Name: "dev2"}); err != nil {
+		t.Fatalf("import after remove --force: %v", err)
+	}
+}
