@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"libvirt.org/go/libvirtxml"
+
 	"github.com/abox-dev/abox/internal/hostfw"
 	"github.com/abox-dev/abox/internal/libvirt"
 	"github.com/abox-dev/abox/internal/validate"
@@ -212,6 +214,9 @@ func (m *Manager) RevertSnapshot(ctx context.Context, name, snap string) (Revert
 		if err == nil {
 			err = libvirt.CheckNetwork(def, ParamsOf(m.Layout, st))
 		}
+		if err == nil {
+			err = m.checkRevertedDevices(st, def)
+		}
 		if err != nil {
 			return m.powerOffAfter(ctx, dom, fmt.Errorf("checking the reverted guest's network: %w", err))
 		}
@@ -263,6 +268,20 @@ func (m *Manager) RevertSnapshot(ctx context.Context, name, snap string) (Revert
 		return fail(err)
 	}
 	return res, nil
+}
+
+// checkRevertedDevices holds the reverted guest's live definition to the
+// devices of the one this abox builds from st (libvirt.CheckDevices).
+func (m *Manager) checkRevertedDevices(st State, live *libvirtxml.Domain) error {
+	x, _, err := m.domainXML(st)
+	if err != nil {
+		return err
+	}
+	var want libvirtxml.Domain
+	if err := want.Unmarshal(x); err != nil {
+		return err
+	}
+	return libvirt.CheckDevices(live, &want)
 }
 
 // setGuestClock sets a guest resumed from a snapshot to the host's time.

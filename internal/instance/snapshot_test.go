@@ -240,6 +240,30 @@ func TestRevertRefusesAnUnfilteredGuest(t *testing.T) {
 	}
 }
 
+// TestRevertRefusesAnOldDefinitionsDevices: a memory snapshot whose saved
+// definition has a device the instance's definition does not (a host
+// folder, as an older or edited definition could) brings it back live
+// with the guest; the revert powers the guest off and fails.
+func TestRevertRefusesAnOldDefinitionsDevices(t *testing.T) {
+	ctx := context.Background()
+	r := snapRig(t, true)
+	if _, err := r.m.CreateSnapshot(ctx, "dev", "warm", ""); err != nil {
+		t.Fatal(err)
+	}
+	share := "<filesystem type=\"mount\"><source dir=\"/home\"></source><target dir=\"home\"></target></filesystem></devices>"
+	r.hv.revertedXML = strings.Replace(r.hv.domXML["abox-dev"], "</devices>", share, 1)
+	if r.hv.revertedXML == r.hv.domXML["abox-dev"] {
+		t.Fatal("no </devices> to add a folder before")
+	}
+	_, err := r.m.RevertSnapshot(ctx, "dev", "warm")
+	if err == nil || !strings.Contains(err.Error(), "shared folders") || !strings.Contains(err.Error(), "powered off") {
+		t.Errorf("RevertSnapshot = %v, want a refusal naming the shared folder", err)
+	}
+	if st := r.hv.domains["abox-dev"]; st.Active() {
+		t.Errorf("the guest with a host folder is %s", st)
+	}
+}
+
 // Reverting a running guest to a snapshot of the stopped one powers it off
 // and stops the instance as stop does.
 func TestRevertRunningToStopped(t *testing.T) {

@@ -256,6 +256,15 @@ func snapshotLifecycle(t *testing.T, ctx context.Context, c *Client, p Params, b
 	if err := CheckNetwork(def, p); err != nil {
 		t.Errorf("after the revert: %v", err)
 	}
+	domXML, err := DomainXML(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wantDef libvirtxml.Domain
+	must(t, wantDef.Unmarshal(domXML))
+	if err := CheckDevices(def, &wantDef); err != nil {
+		t.Errorf("after the revert: %v", err)
+	}
 	must(t, c.DestroyDomain(ctx, dom))
 	timed("snapshot-create-stopped", func() error {
 		_, err := c.CreateSnapshot(ctx, dom, "cold", "")

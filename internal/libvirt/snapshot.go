@@ -141,8 +141,8 @@ func parseSnapshot(doc string) (Snapshot, error) {
 // CheckNetwork checks that a domain definition (the live one after a
 // revert, which libvirt may have taken from the snapshot) still has
 // exactly the instance's NIC: on its network, with its MAC and its packet
-// filter. A snapshot holds the guest only; this is what keeps an old
-// definition from bringing back anything else.
+// filter. A snapshot holds the guest only; this and CheckDevices keep an
+// old definition from bringing back anything else.
 func CheckNetwork(d *libvirtxml.Domain, p Params) error {
 	if d.Devices == nil || len(d.Devices.Interfaces) != 1 {
 		n := 0
