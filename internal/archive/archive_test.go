@@ -57,10 +57,11 @@ func craft(t testing.TB, ents ...ent) []byte {
 	return buf.Bytes()
 }
 
-// sparseArchive is the manifest, then name as a PAX sparse 1.0 entry
-// (written by hand: Go's tar writer drops GNU.sparse records) of realsize
-// zeros from one 512-byte map block.
-func sparseArchive(t testing.TB, manifest, name string, realsize int64) []byte {
+// paxArchive is the manifest, then one entry written by hand (Go's tar
+// writer overrides a PAX path with the header's name and drops GNU.sparse
+// records): a PAX header of records, a ustar header named name of size
+// len(body), and body.
+func paxArchive(t testing.TB, manifest string, records [][2]string, name string, body []byte) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	gz := gzip.NewWriter(&buf)
@@ -86,9 +87,8 @@ func sparseArchive(t testing.TB, manifest, name string, realsize int64) []byte {
 		copy(b[148:], fmt.Sprintf("%06o\x00 ", sum))
 		return b
 	}
-	pad := func(b []byte) []byte { return append(b, make([]byte, (512-len(b)%512)%512)...) }
 	var pax string
-	for _, kv := range [][2]string{{"GNU.sparse.major", "1"}, {"GNU.sparse.minor", "0"}, {"GNU.sparse.name", name}, {"GNU.sparse.realsize", fmt.Sprint(realsize)}} {
+	for _, kv := range records {
 		rec := " " + kv[0] + "=" + kv[1] + "\n"
 		n := len(rec) + 1
 		for len(fmt.Sprint(n))+len(rec) != n {
@@ -97,15 +97,26 @@ func sparseArchive(t testing.TB, manifest, name string, realsize int64) []byte {
 		pax += fmt.Sprint(n) + rec
 	}
 	gz.Write(block("PaxHeaders/x", tar.TypeXHeader, len(pax)))
-	gz.Write(pad([]byte(pax)))
-	gz.Write(block("x", tar.TypeReg, 512))
-	gz.Write(pad([]byte("1\n0\n0\n"))) // one data region, at 0, of 0 bytes: all hole
+	gz.Write(pad512([]byte(pax)))
+	gz.Write(block(name, tar.TypeReg, len(body)))
+	gz.Write(pad512(body))
 	gz.Write(make([]byte, 1024))
 	if err := gz.Close(); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
 }
+
+// sparseArchive is the manifest, then name as a PAX sparse 1.0 entry of
+// realsize zeros from one 512-byte map block.
+func sparseArchive(t testing.TB, manifest, name string, realsize int64) []byte {
+	t.Helper()
+	// One data region, at 0, of 0 bytes: all hole.
+	return paxArchive(t, manifest, [][2]string{{"GNU.sparse.major", "1"}, {"GNU.sparse.minor", "0"}, {"GNU.sparse.name", name}, {"GNU.sparse.realsize", fmt.Sprint(realsize)}}, "x", pad512([]byte("1\n0\n0\n")))
+}
+
+// pad512 pads b to whole tar blocks.
+func pad512(b []byte) []byte { return append(b, make([]byte, (512-len(b)%512)%512)...) }
 
 // good is a valid archive: manifest, allowlist, disk.
 func good(t testing.TB) []byte {
@@ -188,6 +199,15 @@ func TestRefusesHostileArchives(t *testing.T) {
 		{"oversized entry", craft(t, reg(ManifestName, m(File{SSHKey, 2 << 20}, disk))), "over the"},
 		{"no disk", craft(t, reg(ManifestName, m(File{Allowlist, 1}))), "exactly one disk"},
 		{"two disks", craft(t, reg(ManifestName, m(File{DiskRaw, 1}, disk))), "exactly one disk"},
+		{"name in another case", craft(t, reg(ManifestName, m(disk)), reg("Disk.qcow2", "QFI\xfb!")), "not one an abox archive holds"},
+		{"newline in a name", craft(t, reg(ManifestName, m(disk)), reg("disk.qcow2\n", "QFI\xfb!")), "not one an abox archive holds"},
+		{"NUL in a PAX path", paxArchive(t, m(disk), [][2]string{{"path", "disk.qcow2\x00/../../x"}}, DiskQCOW2, []byte("QFI\xfb!")), "invalid tar header"},
+		{"traversal in a PAX path", paxArchive(t, m(disk), [][2]string{{"path", "../../etc/cron.d/x"}}, DiskQCOW2, []byte("QFI\xfb!")), "path traversal"},
+		{"PAX size over the header's", paxArchive(t, m(File{DiskQCOW2, 4096}), [][2]string{{"size", "4096"}}, DiskQCOW2, []byte("QFI\xfb!")), "truncated"},
+		{"traversal in a GNU long name", craft(t, reg(ManifestName, m(disk)), ent{hdr: tar.Header{Typeflag: tar.TypeReg, Name: "../" + strings.Repeat("y", 120), Size: 5, Mode: 0o600, Format: tar.FormatGNU},
+			body: []byte("QFI\xfb!")}), "path traversal"},
+		{"PAX size under the manifest's", craft(t, reg(ManifestName, m(disk)), ent{hdr: tar.Header{Typeflag: tar.TypeReg, Name: DiskQCOW2, Size: 3, Mode: 0o600, Format: tar.FormatPAX,
+			PAXRecords: map[string]string{"comment": "x"}}, body: []byte("QFI")}), "the manifest says 5"},
 		{"sparse entry", sparseArchive(t, m(File{DiskRaw, 1 << 20}), DiskRaw, 1<<20), "sparse file"},
 		{"truncated inside an entry", goodBytes[:len(goodBytes)-30], "truncated"},
 		{"data after the stream", append(append([]byte{}, goodBytes...), "trailing"...), "after the compressed stream"},
