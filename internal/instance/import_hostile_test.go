@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -227,5 +228,73 @@ func TestImportKilledBeforeItsStateIsSaved(t *testing.T) {
 	assertNothingLeft(t, r, "dev2")
 	if _, _, err := r.m.Import(ctx, good, ImportOptions{Name: "dev2"}); err != nil {
 		t.Fatalf("import after remove --force: %v", err)
+	}
+}
+
+// barrier holds every write that contains key until n of them have come
+// (or a few seconds passed): two imports held at their disk both passed
+// their first collision check.
+type barrier struct {
+	key     string
+	arrived chan struct{}
+	all     chan struct{}
+	n       int
+	mu      sync.Mutex
+}
+
+func (b *barrier) Write(p []byte) (int, error) {
+	if !strings.Contains(string(p), b.key) {
+		return len(p), nil
+	}
+	b.mu.Lock()
+	if b.n--; b.n == 0 {
+		close(b.all)
+	}
+	b.mu.Unlock()
+	select {
+	case <-b.all:
+	case <-time.After(10 * time.Second):
+	}
+	return len(p), nil
+}
+
+// TestConcurrentImportsOfOneName: two imports of one name, both past
+// their first check for the name when they start on the disk: exactly
+// one instance results; the other fails naming the collision under the
+// global lock and leaves nothing (without that second check it took the
+// winner's directory away).
+func TestConcurrentImportsOfOneName(t *testing.T) {
+	r := archiveRig(t)
+	ctx := context.Background()
+	good := plainArchive(t, r)
+	r.m.Progress = &barrier{key: "importing dev2: disk", all: make(chan struct{}), n: 2}
+	errs := make(chan error, 2)
+	for i := 0; i < 2; i++ {
+		go func() {
+			_, _, err := r.m.Import(ctx, good, ImportOptions{Name: "dev2"})
+			errs <- err
+		}()
+	}
+	ok := 0
+	for i := 0; i < 2; i++ {
+		err := <-errs
+		switch {
+		case err == nil:
+			ok++
+		case !strings.Contains(err.Error(), "an instance of that name exists"):
+			t.Errorf("the losing import failed with %v, want the collision", err)
+		}
+	}
+	if ok != 1 {
+		t.Fatalf("%d of the concurrent imports of dev2 succeeded, want 1", ok)
+	}
+	if _, err := Load(r.m.Layout, "dev2"); err != nil {
+		t.Fatalf("the winner's state: %v", err)
+	}
+	ents, _ := os.ReadDir(r.m.Layout.Instances())
+	for _, e := range ents {
+		if e.Name() != "dev" && e.Name() != "dev2" {
+			t.Errorf("the loser left %s", e.Name())
+		}
 	}
 }
