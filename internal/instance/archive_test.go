@@ -353,22 +353,7 @@ func plainArchive(t *testing.T, r *rig) string {
 // would, and returns the new file.
 func rewrap(t *testing.T, src string, editState func(map[string]any), edit func(name string, body []byte) (string, []byte)) string {
 	t.Helper()
-	fh, err := os.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fh.Close()
-	rd, err := archive.NewReader(fh)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := rd.Manifest()
-	var st map[string]any
-	json.Unmarshal(m.State, &st)
-	if editState != nil {
-		editState(st)
-	}
-	m.State, _ = json.Marshal(st)
+	rd, m := reopen(t, src, editState)
 	var names []string
 	var bodies [][]byte
 	m.Files = nil
@@ -625,4 +610,28 @@ func TestInterruptedExportAndImportLeaveNothing(t *testing.T) {
 		t.Fatalf("interrupted import = %v", err)
 	}
 	assertNothingLeft(t, r, "dev2")
+}
+
+// reopen reads the archive at src and returns its reader and manifest,
+// the manifest's state changed by editState (nil: unchanged). The file
+// is closed when the test ends.
+func reopen(t *testing.T, src string, editState func(map[string]any)) (*archive.Reader, archive.Manifest) {
+	t.Helper()
+	fh, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fh.Close() })
+	rd, err := archive.NewReader(fh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := rd.Manifest()
+	var st map[string]any
+	json.Unmarshal(m.State, &st)
+	if editState != nil {
+		editState(st)
+	}
+	m.State, _ = json.Marshal(st)
+	return rd, m
 }

@@ -26,22 +26,7 @@ import (
 // import that starts writing the disk finds it truncated.
 func declaredDisk(t *testing.T, src string, editState func(map[string]any), disk string, size int64) string {
 	t.Helper()
-	fh, err := os.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fh.Close()
-	rd, err := archive.NewReader(fh)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := rd.Manifest()
-	var st map[string]any
-	json.Unmarshal(m.State, &st)
-	if editState != nil {
-		editState(st)
-	}
-	m.State, _ = json.Marshal(st)
+	rd, m := reopen(t, src, editState)
 	out := filepath.Join(t.TempDir(), "bomb.abox")
 	of, err := os.Create(out)
 	if err != nil {
