@@ -290,6 +290,10 @@ func pathOnly(r *http.Request) string {
 		return ""
 	}
 	p := r.URL.EscapedPath()
+	if r.URL.Opaque != "" {
+		// "http:https://evil.test/": show what was asked, not "".
+		p = r.URL.Scheme + ":" + r.URL.Opaque
+	}
 	if i := strings.IndexByte(p, '?'); i >= 0 {
 		p = p[:i]
 	}

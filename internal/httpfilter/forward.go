@@ -144,6 +144,13 @@ func (p *Proxy) serveInner(ctx context.Context, w http.ResponseWriter, r *http.R
 		p.finish(rec)
 		return
 	}
+	if err := innerTargetError(r); err != nil {
+		rec.asked = r.Host
+		rec.err = err
+		p.refuse(w, rec, http.StatusBadRequest, ReasonInvalidTarget, h1)
+		p.finish(rec)
+		return
+	}
 	t, err := egress.ParseAuthority(r.Host, sc.defaultPort)
 	if err != nil {
 		rec.asked = r.Host
@@ -277,9 +284,7 @@ func upgradeRefusal(h http.Header) string {
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	st := pr.In.Context().Value(fwdKey{}).(*fwdState)
 	t := st.checked.Target
-	pr.Out.URL.Scheme = st.scheme
-	pr.Out.URL.Host = t.Authority()
-	pr.Out.URL.User = nil
+	upstreamURL(pr.Out.URL, pr.In.URL, st.scheme, t.Authority())
 	pr.Out.Host = t.HostHeader(st.defaultPort)
 	pr.Out.Header.Del("Proxy-Authorization")
 	pr.Out.Header.Del("Proxy-Connection")

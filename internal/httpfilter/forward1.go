@@ -524,8 +524,7 @@ func (p *Proxy) outbound(r *http.Request, st *fwdState) *http.Request {
 	t := st.checked.Target
 	auth := t.Authority()
 	u := &st.outURL
-	*u = *r.URL
-	u.Scheme, u.Host, u.User = st.scheme, auth, nil
+	upstreamURL(u, r.URL, st.scheme, auth)
 	h := r.Header
 	keepTE := httpguts.HeaderValuesContainsToken(h["Te"], "trailers")
 	removeHopByHop(h)

@@ -197,6 +197,8 @@ func h2Seeds(t testing.TB) [][]byte {
 		frames([][2]string{{":method", "CONNECT"}, {":authority", "evil.test:443"}}),
 		frames([][2]string{{":method", "GET"}, {":scheme", "http"}, {":path", "/"}, {"host", h2Target}}),
 		frames(get(h2Target, [2]string{"forwarded", "host=evil.test"}, [2]string{"x-forwarded-host", "evil.test"}, [2]string{"x-host", "evil.test"})),
+		frames([][2]string{{":method", "GET"}, {":scheme", "http"}, {":authority", h2Target}, {":path", "http:https://evil.test/"}}),
+		frames([][2]string{{":method", "GET"}, {":scheme", "http"}, {":authority", h2Target}, {":path", "http://evil.test/"}}),
 	}
 }
 
@@ -204,7 +206,7 @@ func h2Seeds(t testing.TB) [][]byte {
 // seeds' requests for the tunnel's host reach the origin, the others not.
 func TestFuzzInnerH2ReachesOrigins(t *testing.T) {
 	fp := newFuzzProxy(t, false)
-	want := []int{1, 0, 2, 0, 1, 0, 1, 1}
+	want := []int{1, 0, 2, 0, 1, 0, 1, 1, 0, 0}
 	for i, b := range h2Seeds(t) {
 		if reqs := fp.serveH2(t, append([]byte(http2.ClientPreface), b...), want[i]); len(reqs) != want[i] {
 			t.Errorf("seed %d: %d requests reached an origin, want %d: %+v", i, len(reqs), want[i], reqs)
