@@ -30,6 +30,7 @@ var overflowClient = netip.IPv6Unspecified().WithZone("overflow")
 type flood struct {
 	budget   int
 	interval time.Duration
+	msg      string // of the aggregate lines
 
 	mu      sync.Mutex
 	clients map[netip.Addr]*floodWindow
@@ -42,8 +43,8 @@ type floodWindow struct {
 	total      uint64
 }
 
-func newFlood(budget int, interval time.Duration) *flood {
-	return &flood{budget: budget, interval: interval, clients: map[netip.Addr]*floodWindow{}}
+func newFlood(budget int, interval time.Duration, msg string) *flood {
+	return &flood{budget: budget, interval: interval, msg: msg, clients: map[netip.Addr]*floodWindow{}}
 }
 
 // admit reports whether a refusal line of client may be written now, and
@@ -96,7 +97,7 @@ func (f *flood) summaries(now time.Time) [][]byte {
 			reasons = append(reasons, r+"="+itoa(n))
 		}
 		sort.Strings(reasons)
-		l := NewLine(now, slog.LevelWarn, "refusals aggregated")
+		l := NewLine(now, slog.LevelWarn, f.msg)
 		name := client.String()
 		if client == overflowClient {
 			name = "*"

@@ -229,3 +229,47 @@ func TestAdmitRefusal(t *testing.T) {
 		t.Errorf("suppressed %d, want 2", st.Suppressed)
 	}
 }
+
+// TestLocalAnswersAggregated: lines of answers that reached nothing (the
+// healthcheck) are held to their own budget per client and interval: a
+// flood of them writes the budget and one "local answers aggregated" line,
+// to Sinks only, and leaves the refusal budget untouched.
+func TestLocalAnswersAggregated(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	all, kept := &sink{}, &sink{}
+	w := New(Config{Sinks: []io.Writer{all}, Kept: []io.Writer{kept}, LocalPerClient: 5, RefusalsPerClient: 3, FloodInterval: time.Hour, Now: clk.now})
+	client := netip.MustParseAddr("10.10.7.2")
+	for i := range 10000 {
+		w.EmitLocal(client, "healthcheck", NewLine(clk.now(), slog.LevelInfo, "request").String("reason", "healthcheck").Int("i", int64(i)))
+	}
+	for i := range 3 {
+		refusal(w, "10.10.7.2", "not_allowlisted", i)
+	}
+	clk.advance(time.Hour)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var local, refused int
+	var summary map[string]any
+	for _, l := range all.lines(t) {
+		switch {
+		case l["msg"] == "local answers aggregated":
+			summary = l
+		case l["reason"] == "healthcheck":
+			local++
+		case l["reason"] == "not_allowlisted":
+			refused++
+		}
+	}
+	if local != 5 || refused != 3 {
+		t.Errorf("lines written: %d healthcheck (want the budget, 5), %d refusals (want 3)", local, refused)
+	}
+	if summary == nil || summary["suppressed"] != float64(10000-5) || summary["client"] != "10.10.7.2" || summary["reasons"] != "healthcheck=9995" {
+		t.Errorf("aggregate line %v, want client 10.10.7.2 suppressed 9995", summary)
+	}
+	for _, l := range kept.lines(t) {
+		if l["reason"] == "healthcheck" || l["msg"] == "local answers aggregated" {
+			t.Errorf("kept stream holds a local answer's line: %v", l)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package decisionlog
 
 import (
+	"cmp"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -50,7 +51,18 @@ type Config struct {
 	RefusalsPerClient int
 	// FloodInterval is the aggregation interval (DefaultFloodInterval if <= 0).
 	FloodInterval time.Duration
+	// LocalPerClient is how many lines of answers that reached nothing
+	// (EmitLocal: the healthcheck, which the filters answer themselves)
+	// one client may write per FloodInterval (DefaultLocalPerClient if 0,
+	// no limit if < 0); the rest are counted into one "local answers
+	// aggregated" line per client and interval. Such lines are evidence of
+	// nothing, and a guest sending them as fast as it may would rotate the
+	// record of what it did reach out of the Sinks.
+	LocalPerClient int
 }
+
+// DefaultLocalPerClient is Config.LocalPerClient's default.
+const DefaultLocalPerClient = 5
 
 // Stats are a Writer's counters since New.
 type Stats struct {
@@ -64,7 +76,8 @@ type Stats struct {
 	Waits uint64 `json:"waits"`
 	// WriteErrors counts failed writes of a batch to a sink.
 	WriteErrors uint64 `json:"write_errors"`
-	// Suppressed counts refusal lines folded into "refusals aggregated" lines.
+	// Suppressed counts lines folded into "refusals aggregated" and "local
+	// answers aggregated" lines.
 	Suppressed uint64 `json:"suppressed"`
 	// LastError is the last error of a sink (a full disk, say) and
 	// LastErrorAt its time; empty once a later batch was written to every sink.
@@ -123,6 +136,8 @@ type Writer struct {
 	lastErr atomic.Pointer[sinkError]
 	// flood aggregates refusal floods; nil when RefusalsPerClient < 0.
 	flood *flood
+	// local aggregates floods of local answers; nil when LocalPerClient < 0.
+	local *flood
 }
 
 type sinkError struct {
@@ -156,15 +171,21 @@ func New(cfg Config) *Writer {
 	if w.now == nil {
 		w.now = time.Now
 	}
-	if cfg.RefusalsPerClient >= 0 {
-		budget, iv := cfg.RefusalsPerClient, cfg.FloodInterval
+	iv := cfg.FloodInterval
+	if iv <= 0 {
+		iv = DefaultFloodInterval
+	}
+	if budget := cfg.RefusalsPerClient; budget >= 0 {
 		if budget == 0 {
 			budget = DefaultRefusalsPerClient
 		}
-		if iv <= 0 {
-			iv = DefaultFloodInterval
+		w.flood = newFlood(budget, iv, "refusals aggregated")
+	}
+	if budget := cfg.LocalPerClient; budget >= 0 {
+		if budget == 0 {
+			budget = DefaultLocalPerClient
 		}
-		w.flood = newFlood(budget, iv)
+		w.local = newFlood(budget, iv, "local answers aggregated")
 	}
 	go w.run()
 	return w
@@ -221,6 +242,27 @@ func (w *Writer) EmitRefusal(client netip.Addr, reason string, l *Line) {
 // admitted goes out with Emit.
 func (w *Writer) AdmitRefusal(client netip.Addr, reason string) bool {
 	if w.flood != nil && !w.flood.admit(client, reason, w.now()) {
+		w.suppressed.Add(1)
+		return false
+	}
+	return true
+}
+
+// EmitLocal is EmitAllowed for the line of an answer the filters gave
+// themselves (the healthcheck): within client's budget of such lines it is
+// written, past it counted under reason into the client's "local answers
+// aggregated" line, which goes to Sinks only, as the lines would have.
+func (w *Writer) EmitLocal(client netip.Addr, reason string, l *Line) {
+	if !w.AdmitLocal(client, reason) {
+		l.Free()
+		return
+	}
+	w.EmitAllowed(l)
+}
+
+// AdmitLocal is AdmitRefusal for the lines of EmitLocal.
+func (w *Writer) AdmitLocal(client netip.Addr, reason string) bool {
+	if w.local != nil && !w.local.admit(client, reason, w.now()) {
 		w.suppressed.Add(1)
 		return false
 	}
@@ -343,16 +385,24 @@ func (w *Writer) run() {
 	t := time.NewTimer(w.interval)
 	t.Stop()
 	var floodTick <-chan time.Time
-	if w.flood != nil {
-		tk := time.NewTicker(w.flood.interval)
+	if f := cmp.Or(w.flood, w.local); f != nil {
+		tk := time.NewTicker(f.interval)
 		defer tk.Stop()
 		floodTick = tk.C
 	}
 	for {
 		select {
 		case <-floodTick:
-			for _, l := range w.flood.summaries(w.now()) {
-				w.enqueue(l, l, 1)
+			now := w.now()
+			if w.flood != nil {
+				for _, l := range w.flood.summaries(now) {
+					w.enqueue(l, l, 1)
+				}
+			}
+			if w.local != nil {
+				for _, l := range w.local.summaries(now) {
+					w.enqueue(l, nil, 1)
+				}
 			}
 			continue
 		case <-w.kick:
@@ -392,16 +442,18 @@ func (w *Writer) run() {
 
 // flushFlood queues the aggregate lines still open, at Close.
 func (w *Writer) flushFlood() {
-	if w.flood == nil {
-		return
-	}
-	for _, l := range w.flood.summaries(w.now().Add(w.flood.interval)) {
-		w.mu.Lock()
-		w.pending = append(w.pending, l...)
-		if len(w.kept) > 0 {
-			w.keptPending = append(w.keptPending, l...)
+	for _, f := range []*flood{w.flood, w.local} {
+		if f == nil {
+			continue
 		}
-		w.mu.Unlock()
+		for _, l := range f.summaries(w.now().Add(f.interval)) {
+			w.mu.Lock()
+			w.pending = append(w.pending, l...)
+			if len(w.kept) > 0 && f == w.flood {
+				w.keptPending = append(w.keptPending, l...)
+			}
+			w.mu.Unlock()
+		}
 	}
 }
 

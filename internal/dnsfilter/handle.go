@@ -464,6 +464,11 @@ func (s *Server) logDecision(client netip.Addr, d decision, lb *decisionlog.Batc
 	if d.verdict == allowlist.Block && !s.dlog.AdmitRefusal(client, d.reason) {
 		return
 	}
+	// So is a healthcheck past the client's budget of lines that reached
+	// nothing (a flood of them would rotate the log of what did).
+	if d.reason == policy.ReasonHealthcheck && !s.dlog.AdmitLocal(client, d.reason) {
+		return
+	}
 	level := slog.LevelInfo
 	if d.err != nil {
 		level = slog.LevelWarn

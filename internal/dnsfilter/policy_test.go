@@ -1,6 +1,7 @@
 package dnsfilter_test
 
 import (
+	"github.com/abox-dev/abox/internal/decisionlog"
 	"slices"
 	"strings"
 	"testing"
@@ -335,5 +336,34 @@ func TestHealthcheck(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestHealthcheckFloodFolded: a guest's flood of healthcheck queries, which
+// the filter answers itself, writes the budget of lines per second, not a
+// line each (they would rotate the record of what it did resolve).
+func TestHealthcheckFloodFolded(t *testing.T) {
+	h := start(t, harnessOptions{})
+	for range 200 {
+		if r := h.ask(t, "healthcheck.abox.local", dns.TypeA); rcode(r) != "NOERROR" {
+			t.Fatalf("healthcheck: %s", rcode(r))
+		}
+	}
+	h.ask(t, "example.com", dns.TypeA)
+	var health int
+	var other bool
+	for _, l := range h.logs.lines(t) {
+		switch l["name"] {
+		case "healthcheck.abox.local":
+			health++
+		case "example.com":
+			other = true
+		}
+	}
+	if health == 0 || health > 4*decisionlog.DefaultLocalPerClient {
+		t.Errorf("%d healthcheck lines for 200 queries, want at most a few budgets of %d", health, decisionlog.DefaultLocalPerClient)
+	}
+	if !other {
+		t.Errorf("the query after the flood has no line")
 	}
 }

@@ -130,6 +130,14 @@ func (r *record) setTarget(t egress.Target) {
 	r.host, r.port = t.Host(), t.Port
 }
 
+// clientAddr is the address of a client's host:port (the zero Addr if
+// it has none): budgets are per guest, whose port changes with every
+// connection.
+func clientAddr(hostport string) netip.Addr {
+	ap, _ := netip.ParseAddrPort(hostport)
+	return ap.Addr()
+}
+
 // finish writes the log line and counts the outcome.
 func (p *Proxy) finish(r *record) {
 	p.stats.requests.Add(1)
@@ -149,11 +157,14 @@ func (p *Proxy) finish(r *record) {
 		if r.verdict == allowlist.Block {
 			// A guest looping on a refused request is aggregated per
 			// client address (its port changes with every connection).
-			var client netip.Addr
-			if ap, err := netip.ParseAddrPort(r.client); err == nil {
-				client = ap.Addr()
-			}
-			p.lines.EmitRefusal(client, r.reason, r.line(time.Now()))
+			p.lines.EmitRefusal(clientAddr(r.client), r.reason, r.line(time.Now()))
+			return
+		}
+		if r.reason == policy.ReasonHealthcheck {
+			// Answered here, reaching nothing: held to a small budget
+			// per client, so that a guest cannot rotate the lines of
+			// what it did reach out of the log with them.
+			p.lines.EmitLocal(clientAddr(r.client), r.reason, r.line(time.Now()))
 			return
 		}
 		// Not in the refusal stream: the guest's allowed traffic, as fast
@@ -284,7 +295,12 @@ func serveHealth(w http.ResponseWriter, r *record) {
 	r.down += int64(n)
 }
 
-// pathOnly drops the query: it may hold tokens.
+// maxLoggedPath bounds the path of a decision line: a guest's 8 KiB paths
+// would otherwise make every line of its log that long.
+const maxLoggedPath = 512
+
+// pathOnly drops the query (it may hold tokens) and cuts a path longer
+// than maxLoggedPath there, ending it with "…".
 func pathOnly(r *http.Request) string {
 	if r.URL == nil {
 		return ""
@@ -296,6 +312,9 @@ func pathOnly(r *http.Request) string {
 	}
 	if i := strings.IndexByte(p, '?'); i >= 0 {
 		p = p[:i]
+	}
+	if len(p) > maxLoggedPath {
+		p = strings.ToValidUTF8(p[:maxLoggedPath], "") + "…"
 	}
 	return p
 }

@@ -99,3 +99,53 @@ func TestDecisionsWriterEndToEnd(t *testing.T) {
 		t.Errorf("blocked line: %v", blocked)
 	}
 }
+
+// TestHealthcheckFloodFolded: a guest's flood of healthcheck requests with
+// 8 KiB paths (answered by the proxy, reaching nothing) writes a few short
+// lines, not one long line each: before the fold a guest replaced http.log
+// and its backups in about a minute. Paths are cut at maxLoggedPath.
+func TestHealthcheckFloodFolded(t *testing.T) {
+	h := newHarness(t, hopts{allow: []string{"origin.test"}, decisions: true})
+	o := newHTTPOrigin(t, originMux())
+	h.allowOrigin("origin.test", o, port(t, o))
+	c := h.client(false)
+	long := "/" + strings.Repeat("a", 8<<10-100) // just under the request-line cap
+	const n = 300
+	for i := range n {
+		u := "http://healthcheck.abox.local" + long
+		if i == n-1 {
+			u = "http://origin.test:" + port(t, o) + long
+		}
+		resp, err := c.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	waitFor(t, func() bool { h.lines.Sync(); return h.lastLog("host", "origin.test") != nil }, "the allowed request's line")
+	var health, size int
+	var origin map[string]any
+	for _, l := range h.log.lines() {
+		if l["reason"] == "healthcheck" {
+			health++
+		}
+		if l["host"] == "origin.test" {
+			origin = l
+		}
+	}
+	size = len(h.log.String())
+	// The budget is per second: a slow run may span a few windows.
+	if health == 0 || health > 4*decisionlog.DefaultLocalPerClient {
+		t.Errorf("%d healthcheck lines for %d requests, want at most a few budgets of %d", health, n-1, decisionlog.DefaultLocalPerClient)
+	}
+	if size > 64<<10 {
+		t.Errorf("%d bytes of log for %d healthchecks", size, n-1)
+	}
+	if origin == nil {
+		t.Fatalf("the allowed request after the flood has no line")
+	}
+	if p, _ := origin["path"].(string); len(p) > maxLoggedPath+len("…") || !strings.HasSuffix(p, "…") {
+		t.Errorf("logged path of %d bytes, want it cut at %d and marked", len(p), maxLoggedPath)
+	}
+}
