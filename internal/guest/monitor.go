@@ -14,6 +14,7 @@ import (
 	"github.com/abox-dev/abox/internal/cloudinit"
 	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/limitio"
 	"github.com/abox-dev/abox/internal/monitor"
 	"github.com/abox-dev/abox/internal/tetragon"
 )
@@ -118,10 +119,12 @@ func (t Target) agentRun(ctx context.Context, command string, stdin io.Reader, t
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var out strings.Builder
+	// The guest writes this output, for up to 15 min: only its end is
+	// kept (it says why the setup failed).
+	out := &limitio.Tail{Max: 2000}
 	cmd := exec.CommandContext(ctx, ssh, args...)
 	cmd.Stdin = stdin
-	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Run(); err != nil {
 		err = exitErr("the monitor's setup in the guest", err)
 		var ee *ExitError
@@ -130,14 +133,7 @@ func (t Target) agentRun(ctx context.Context, command string, stdin io.Reader, t
 		}
 		// The output is the guest's: cleaned before an operator's terminal
 		// shows it.
-		return fmt.Errorf("starting the monitor's guest side in %s: %w: %s", t.Name(), err, monitor.Printable(strings.TrimSpace(tailString(out.String(), 2000))))
+		return fmt.Errorf("starting the monitor's guest side in %s: %w: %s", t.Name(), err, monitor.Printable(strings.TrimSpace(out.String())))
 	}
 	return nil
-}
-
-func tailString(s string, n int) string {
-	if len(s) > n {
-		return "…" + s[len(s)-n:]
-	}
-	return s
 }

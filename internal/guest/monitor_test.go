@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -138,5 +140,27 @@ func TestStartMonitorAgentCleansGuestOutput(t *testing.T) {
 	err := StartMonitorAgent(context.Background(), monitoredTarget(t, nil), &bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "boom") || strings.ContainsAny(err.Error(), "\x1b\x07") {
 		t.Fatalf("error %q", err)
+	}
+}
+
+// TestStartMonitorAgentBoundsGuestOutput: a guest that answers the setup
+// with 64 MiB of output costs the host its last 2 KB, not the whole stream
+// (it cost 319 MiB before), and the end of it still names the failure.
+func TestStartMonitorAgentBoundsGuestOutput(t *testing.T) {
+	dir := t.TempDir()
+	script := "#!/bin/sh\nhead -c 67108864 /dev/zero | tr '\\0' x\necho; echo the-real-reason >&2\nexit 1\n"
+	if err := os.WriteFile(filepath.Join(dir, "ssh"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+":"+os.Getenv("PATH"))
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	err := StartMonitorAgent(context.Background(), monitoredTarget(t, nil), &bytes.Buffer{})
+	runtime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > 16<<20 {
+		t.Errorf("reading 64 MiB of guest output allocated %d MiB", n>>20)
+	}
+	if err == nil || !strings.Contains(err.Error(), "the-real-reason") || len(err.Error()) > 4<<10 {
+		t.Fatalf("error of %d bytes, want the end of the output: %.200q", len(fmt.Sprint(err)), fmt.Sprint(err))
 	}
 }
