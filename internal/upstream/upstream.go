@@ -185,7 +185,7 @@ func (c *Client) try(ctx context.Context, m *dns.Msg, srv string) (*dns.Msg, tim
 	if err != nil {
 		return nil, rtt, err
 	}
-	if err := sameQuestion(q, r); err != nil {
+	if err := answers(q, r); err != nil {
 		return nil, rtt, err
 	}
 	return r, rtt, nil
@@ -255,16 +255,21 @@ func readAnswer(conn net.Conn, buf []byte, q *dns.Msg) (*dns.Msg, error) {
 		if err := r.Unpack(buf[:n]); err != nil {
 			continue
 		}
-		if sameQuestion(q, r) != nil {
+		if answers(q, r) != nil {
 			continue
 		}
 		return r, nil
 	}
 }
 
-// sameQuestion rejects an answer to another question: miekg/dns checks the
-// ID only, and a response for another name must never be used for this one.
-func sameQuestion(q, r *dns.Msg) error {
+// answers rejects a message that is not a response to q: a query (an
+// echo of q, or a query sent to the socket, has no QR bit), another opcode,
+// or an answer to another question. miekg/dns checks the ID only, and a
+// response for another name must never be used for this one.
+func answers(q, r *dns.Msg) error {
+	if !r.Response || r.Opcode != q.Opcode {
+		return fmt.Errorf("message with QR=%v opcode %s is not a response to the query", r.Response, dns.OpcodeToString[r.Opcode])
+	}
 	if len(r.Question) != 1 {
 		return fmt.Errorf("answer has %d questions", len(r.Question))
 	}

@@ -138,6 +138,20 @@ func TestExchange(t *testing.T) {
 			t.Fatalf("got %d answers, want 100 (over TCP)", len(r.Answer))
 		}
 	})
+	t.Run("a message without the QR bit is not an answer", func(t *testing.T) {
+		// An echo of the query with an address added: before, it was
+		// taken as the answer (and cached by the filters).
+		f := fakedns.StartT(t).Handle("example.com", func(req *dns.Msg) *dns.Msg {
+			m := req.Copy()
+			rr, _ := dns.NewRR("example.com. 60 IN A 10.0.0.1")
+			m.Answer = []dns.RR{rr}
+			return m
+		})
+		c := newClient(t, 300*time.Millisecond, f.Addr)
+		if r, _, err := c.Exchange(ctx, new(dns.Msg).SetQuestion("example.com.", dns.TypeA)); err == nil {
+			t.Fatalf("Exchange accepted a query as its answer: %v", r)
+		}
+	})
 	t.Run("answer to another question is refused", func(t *testing.T) {
 		f := fakedns.StartT(t).Handle("example.com", func(req *dns.Msg) *dns.Msg {
 			m := new(dns.Msg).SetQuestion("evil.test.", dns.TypeA)
