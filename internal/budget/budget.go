@@ -43,6 +43,12 @@ func New(rate float64, burst, clients int) *Limiter {
 // Allow takes a token for client and reports whether the query may proceed
 // and, when it may not, whether this refusal should be logged.
 func (l *Limiter) Allow(client netip.Addr, now time.Time) (ok, logIt bool) {
+	return l.AllowN(client, now, 1)
+}
+
+// AllowN is Allow for a request that costs n queries: it takes all n
+// tokens or none.
+func (l *Limiter) AllowN(client netip.Addr, now time.Time, n int) (ok, logIt bool) {
 	if client.Is6() {
 		p, _ := client.Prefix(64)
 		client = p.Addr()
@@ -65,8 +71,8 @@ func (l *Limiter) Allow(client netip.Addr, now time.Time) (ok, logIt bool) {
 		b.tokens = min(l.burst, b.tokens+d.Seconds()*l.rate)
 		b.last = now
 	}
-	if b.tokens >= 1 {
-		b.tokens--
+	if b.tokens >= float64(n) {
+		b.tokens -= float64(n)
 		return true, false
 	}
 	if now.Sub(b.logged) >= logEvery {

@@ -61,8 +61,9 @@ type Config struct {
 	// proxy's lookups have no other bound than the guest's budget, which
 	// over a dead upstream is thousands of exchanges at once.
 	MaxInflight int
-	// Budget, when set, is charged one query for every LookupNetIP that
-	// must go upstream, on behalf of the guest egress.ClientOf(ctx) names:
+	// Budget, when set, is charged two queries (A and AAAA, as sent) for
+	// every LookupNetIP that must go upstream, on behalf of the guest
+	// egress.ClientOf(ctx) names:
 	// the same per-client bucket the DNS filter charges for the guest's own
 	// queries. Over budget, the lookup fails (temporary, never "no such
 	// host"); cached names cost nothing.
@@ -192,6 +193,9 @@ func (r *Resolver) Stats() Stats {
 		Errors: r.st.errors.Load(), Evicted: r.st.evicted.Load(), Limited: r.st.limited.Load(), Overloaded: r.st.overloaded.Load(), Entries: n, Bytes: b}
 }
 
+// lookupQueries is what a LookupNetIP sends upstream: A and AAAA.
+const lookupQueries = 2
+
 // LookupNetIP resolves host (A and AAAA) through the cache. The addresses
 // are not filtered: the caller classifies them on every use. A repeated
 // lookup of a cached name costs a map read: the address list is kept until
@@ -215,7 +219,7 @@ func (r *Resolver) LookupNetIP(ctx context.Context, host string) ([]netip.Addr, 
 		}
 	}
 	if client, ok := egress.ClientOf(ctx); ok && r.budget != nil {
-		if ok, _ := r.budget.Allow(client, now); !ok {
+		if ok, _ := r.budget.AllowN(client, now, lookupQueries); !ok {
 			r.st.limited.Add(1)
 			return nil, &net.DNSError{Err: "lookup budget of " + client.String() + " exceeded", Name: host, IsTemporary: true}
 		}

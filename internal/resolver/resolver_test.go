@@ -247,7 +247,8 @@ func TestLookupFollowsTheShorterTTL(t *testing.T) {
 
 // The proxy's lookups are charged to the guest they are made for: over its
 // budget a lookup fails (temporarily, never "no such host") and reaches no
-// upstream; cached names and other guests are unaffected.
+// upstream; cached names and other guests are unaffected. The budget counts
+// queries as sent: a lookup is two (A and AAAA).
 func TestLookupsChargeTheGuestsBudget(t *testing.T) {
 	f := fakedns.StartT(t)
 	for i := range 10 {
@@ -258,7 +259,7 @@ func TestLookupsChargeTheGuestsBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
-	r, err := resolver.New(resolver.Config{Upstream: up, Budget: budget.New(1, 3, 16), Now: clk.Now})
+	r, err := resolver.New(resolver.Config{Upstream: up, Budget: budget.New(1, 6, 16), Now: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,6 +271,9 @@ func TestLookupsChargeTheGuestsBudget(t *testing.T) {
 		}
 	}
 	before := f.Count()
+	if before != 6 {
+		t.Errorf("3 lookups within a budget of 6 queries sent %d", before)
+	}
 	_, err = r.LookupNetIP(guest, "t3.tunnel.test")
 	var de *net.DNSError
 	if !errors.As(err, &de) || !de.IsTemporary || de.IsNotFound {
@@ -284,9 +288,9 @@ func TestLookupsChargeTheGuestsBudget(t *testing.T) {
 	if _, err := r.LookupNetIP(other, "t4.tunnel.test"); err != nil {
 		t.Errorf("another guest was refused: %v", err)
 	}
-	clk.Add(time.Second)
+	clk.Add(2 * time.Second)
 	if _, err := r.LookupNetIP(guest, "t5.tunnel.test"); err != nil {
-		t.Errorf("after a second the budget did not refill: %v", err)
+		t.Errorf("after two seconds the budget did not refill: %v", err)
 	}
 	if st := r.Stats(); st.Limited != 1 {
 		t.Errorf("stats %+v: want 1 limited", st)
