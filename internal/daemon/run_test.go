@@ -214,7 +214,7 @@ func TestCacheNeverServesWhatThePolicyRefuses(t *testing.T) {
 // tunnel) stops at the guest's DNS rate, and spends what its DNS queries
 // could have used.
 func TestProxyLookupsShareTheGuestsDNSBudget(t *testing.T) {
-	p := startPlaneDNS(t, DNSConfig{RateLimit: 0.001, RateBurst: 4})
+	p := startPlaneDNS(t, DNSConfig{RateLimit: 0.001, RateBurst: 8}) // four lookups of two queries
 	for i := range 4 {
 		if code := p.get(t, fmt.Sprintf("t%d.tunnel.test", i)); code != http.StatusOK {
 			t.Fatalf("request %d within the budget: %d", i, code)
