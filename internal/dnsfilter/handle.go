@@ -26,6 +26,8 @@ const (
 	ReasonPrivateReverse = policy.ReasonPrivateReverse
 	// ReasonQuestionCount: a query without exactly one question.
 	ReasonQuestionCount = "question_count"
+	// ReasonUnparsable: a message that does not parse as DNS (FORMERR).
+	ReasonUnparsable = "unparsable_query"
 	// ReasonMalformed: a query carrying answer, authority or stray additional records.
 	ReasonMalformed = "malformed_query"
 	// ReasonOpcode: an opcode other than QUERY (UPDATE, NOTIFY, ...).
@@ -127,10 +129,6 @@ func (s *Server) handleNow(ctx context.Context, client netip.Addr, req *dns.Msg,
 // conclude sets TC when resp does not fit the client and logs the decision
 // (into lb when it is not nil).
 func (s *Server) conclude(client netip.Addr, network string, req, resp *dns.Msg, d decision, lb *decisionlog.Batch) *dns.Msg {
-	if d.reason == ReasonRateLimited {
-		// decide logged it, sparingly.
-		return resp
-	}
 	if resp.Truncated = resp.Truncated || !fit(resp, maxSize(req, network)); resp.Truncated {
 		s.st.truncated.Add(1)
 	}
@@ -159,11 +157,14 @@ func (s *Server) decide(ctx context.Context, client netip.Addr, req *dns.Msg, no
 		d.name, d.qtype = strings.TrimSuffix(req.Question[0].Name, "."), req.Question[0].Qtype
 	}
 	if s.limit != nil {
-		if ok, logIt := s.limit.Allow(client, d.at); !ok {
+		if ok, warn := s.limit.Allow(client, d.at); !ok {
+			// The decision has its line as any refusal (within the
+			// client's budget of refusal lines, then folded into its
+			// aggregate line); the operator is also warned, sparingly.
 			s.st.rateLimited.Add(1)
 			d.verdict, d.reason, d.rcode = allowlist.Block, ReasonRateLimited, dns.RcodeRefused
-			if logIt {
-				s.log.LogAttrs(ctx, slog.LevelWarn, "dns rate limit exceeded; further refusals for this client are not logged for a while",
+			if warn {
+				s.log.LogAttrs(ctx, slog.LevelWarn, "dns rate limit exceeded",
 					slog.String("client", client.String()), slog.String("reason", ReasonRateLimited))
 			}
 			return refusal(req, dns.RcodeRefused, dns.ExtendedErrorCodeProhibited, ReasonRateLimited), d, false

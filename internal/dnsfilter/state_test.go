@@ -92,9 +92,9 @@ func TestCacheBounded(t *testing.T) {
 	}
 }
 
-// TestRateLimit: past its burst a client gets REFUSED, counted and logged
-// once, and the refused queries cost the upstream nothing; tokens refill
-// with time.
+// TestRateLimit: past its burst a client gets REFUSED, counted, each
+// refusal with its decision line and one warning, and the refused queries
+// cost the upstream nothing; tokens refill with time.
 func TestRateLimit(t *testing.T) {
 	clk := newClock()
 	h := start(t, harnessOptions{tweak: func(c *dnsfilter.Config) {
@@ -118,14 +118,18 @@ func TestRateLimit(t *testing.T) {
 	if st := h.srv.Snapshot(); st.RateLimited != 4 {
 		t.Errorf("rate_limited %d, want 4", st.RateLimited)
 	}
-	warned := 0
+	warned, lines := 0, 0
 	for _, l := range h.logs.lines(t) {
-		if l["reason"] == dnsfilter.ReasonRateLimited {
+		switch {
+		case l["reason"] != dnsfilter.ReasonRateLimited:
+		case l["msg"] == "dns" && l["verdict"] == "block" && l["rcode"] == "REFUSED":
+			lines++
+		case l["level"] == "WARN":
 			warned++
 		}
 	}
-	if warned != 1 {
-		t.Errorf("%d log lines about the rate limit, want 1", warned)
+	if lines != 4 || warned != 1 {
+		t.Errorf("%d decision lines and %d warnings about the rate limit, want 4 and 1", lines, warned)
 	}
 	clk.advance(time.Second) // two tokens
 	if r := h.ask(t, "example.com", dns.TypeA); rcode(r) != "NOERROR" {
@@ -441,5 +445,40 @@ func TestDecisionFollowsEveryListChange(t *testing.T) {
 	}
 	if !slices.Contains(names, "other.org") {
 		t.Errorf("passive profile %v does not hold other.org", names)
+	}
+}
+
+// TestUnparsableQueriesHaveLines: a datagram that does not parse, and one
+// whose header the server refuses before parsing, are answered FORMERR and
+// each has its decision line (before, neither had one).
+func TestUnparsableQueriesHaveLines(t *testing.T) {
+	h := start(t, harnessOptions{})
+	q, _ := query("example.com", dns.TypeA, 0).Pack()
+	cut := q[:len(q)-3] // the question cut short
+	two := append([]byte(nil), q...)
+	two[5] = 2 // QDCOUNT 2
+	for _, m := range [][]byte{cut, two} {
+		c, err := net.Dial("udp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		c.Write(m)
+		buf := make([]byte, 512)
+		n, err := c.Read(buf)
+		c.Close()
+		r := new(dns.Msg)
+		if err != nil || r.Unpack(buf[:n]) != nil || r.Rcode != dns.RcodeFormatError {
+			t.Fatalf("answer to %x: %v %v, want FORMERR", m, r, err)
+		}
+	}
+	got := map[string]bool{}
+	for _, l := range h.logs.lines(t) {
+		if l["msg"] == "dns" && l["verdict"] == "block" && l["rcode"] == "FORMERR" && l["client"] != "" {
+			got[l["reason"].(string)] = true
+		}
+	}
+	if !got[dnsfilter.ReasonUnparsable] || !got[dnsfilter.ReasonQuestionCount] {
+		t.Errorf("decision lines by reason: %v, want %s and %s", got, dnsfilter.ReasonUnparsable, dnsfilter.ReasonQuestionCount)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 
+	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/decisionlog"
 )
 
@@ -381,6 +383,7 @@ func (s *Server) udpQuery(ctx context.Context, sq *scratchQuery, m []byte, cut b
 		return resp, b, p
 	}
 	req := new(dns.Msg)
+	d := decision{at: now, verdict: allowlist.Block, rcode: dns.RcodeFormatError}
 	if accept == dns.MsgAccept {
 		err := req.Unpack(m)
 		if err == nil && cut {
@@ -390,9 +393,19 @@ func (s *Server) udpQuery(ctx context.Context, sq *scratchQuery, m []byte, cut b
 			return s.handleNow(ctx, client, req, now, pm, dst, lb)
 		}
 		s.invalid(m, err)
+		d.reason, d.err = ReasonUnparsable, err
 	} else { // rejected: the header alone
 		req.Unpack(m[:12])
+		d.reason = ReasonMalformed
+		if dh.Qdcount != 1 {
+			d.reason = ReasonQuestionCount
+		}
 	}
+	if len(req.Question) == 1 {
+		d.name, d.qtype = strings.TrimSuffix(req.Question[0].Name, "."), req.Question[0].Qtype
+	}
+	// A refusal like the others: a line within the client's budget.
+	s.logDecision(client, d, lb)
 	req.SetRcodeFormatError(req)
 	req.Zero = false
 	req.Answer, req.Ns, req.Extra = nil, nil, nil
