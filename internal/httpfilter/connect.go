@@ -21,7 +21,7 @@ import (
 // tunnels it after checking the ClientHello (exceptions, --no-mitm), or
 // answers the healthcheck itself.
 func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *record) {
-	t, err := egress.ParseAuthority(r.Host, 0)
+	t, err := egress.ParseAuthority(requestAuthority(r), 0)
 	if u := r.URL; err == nil && (r.RequestURI == "" || r.RequestURI[0] == '/' ||
 		u.Path != "" || u.RawPath != "" || u.RawQuery != "" || u.ForceQuery || u.User != nil || u.Opaque != "") {
 		// RFC 9110 9.3.6: a CONNECT names its target in authority form.

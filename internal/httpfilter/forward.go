@@ -89,7 +89,7 @@ func (p *Proxy) serveOuterRequest(ctx context.Context, w http.ResponseWriter, r 
 			p.finish(rec)
 			return
 		}
-		t, err := egress.ParseAuthority(r.URL.Host, 80)
+		t, err := egress.ParseAuthority(requestAuthority(r), 80)
 		if err != nil {
 			rec.err = err
 			p.refuse(w, rec, http.StatusBadRequest, ReasonInvalidTarget, true)
@@ -151,7 +151,7 @@ func (p *Proxy) serveInner(ctx context.Context, w http.ResponseWriter, r *http.R
 		p.finish(rec)
 		return
 	}
-	t, err := egress.ParseAuthority(r.Host, sc.defaultPort)
+	t, err := egress.ParseAuthority(requestAuthority(r), sc.defaultPort)
 	if err != nil {
 		rec.asked = r.Host
 		rec.err = err

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 
 	"github.com/abox-dev/abox/internal/egress"
 )
@@ -58,4 +59,33 @@ func upstreamURL(u, guest *url.URL, scheme, authority string) {
 	if guest != nil {
 		u.Path, u.RawPath, u.RawQuery, u.ForceQuery = guest.Path, guest.RawPath, guest.RawQuery, guest.ForceQuery
 	}
+}
+
+// requestAuthority is the authority r names as the guest spelled it: the
+// CONNECT target, the authority of an absolute-form target, or the Host
+// field (HTTP/1 origin form; :authority on HTTP/2). net/url has already
+// percent-decoded r.URL.Host and the r.Host it copies from it, and
+// egress.ParseAuthority decodes once more: "allowed%252etest" would pass
+// as allowed.test. Decoding exactly once is ParseAuthority's.
+func requestAuthority(r *http.Request) string {
+	ru := r.RequestURI
+	if r.Method == http.MethodConnect {
+		if ru != "" && ru[0] != '/' {
+			return ru
+		}
+		return r.Host
+	}
+	if r.URL == nil || r.URL.Host == "" || r.URL.Opaque != "" {
+		return r.Host // origin form: the Host field as sent
+	}
+	// Absolute form: scheme "://" authority [path-abempty] [?query].
+	i := strings.Index(ru, "://")
+	if i < 0 {
+		return r.Host // HTTP/2: :path in origin form, :authority in Host
+	}
+	a := ru[i+3:]
+	if j := strings.IndexAny(a, "/?#"); j >= 0 {
+		a = a[:j]
+	}
+	return a
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -112,4 +113,59 @@ func TestInnerRequestTarget(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestHostDecodedOnce: the authority of a request is percent-decoded once.
+// net/url turns "origin%252etest" into "origin%2etest" and the proxy
+// decoded that again into origin.test, accepting a double encoding that
+// docs/http.md says is refused: in absolute form, in a CONNECT, and in an
+// absolute-form request inside a tunnel.
+func TestHostDecodedOnce(t *testing.T) {
+	h := newHarness(t, hopts{allow: []string{"origin.test"}})
+	o := newHTTPOrigin(t, originMux())
+	pt := port(t, o)
+	h.allowOrigin("origin.test", o, pt)
+	send := func(t *testing.T, c net.Conn, raw string) *http.Response {
+		t.Helper()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, raw)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	dial := func(t *testing.T) net.Conn {
+		c, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	for _, tt := range []struct{ name, raw string }{
+		{"absolute form", "GET http://origin%252etest:" + pt + "/ HTTP/1.1\r\nHost: origin.test:" + pt + "\r\n\r\n"},
+		{"connect", "CONNECT origin%252etest:" + pt + " HTTP/1.1\r\nHost: origin.test:" + pt + "\r\n\r\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if resp := send(t, dial(t), tt.raw); resp.StatusCode != http.StatusBadRequest || resp.Header.Get("X-Abox-Reason") != ReasonInvalidTarget {
+				t.Errorf("status %d reason %q, want 400 %s", resp.StatusCode, resp.Header.Get("X-Abox-Reason"), ReasonInvalidTarget)
+			}
+		})
+	}
+	t.Run("absolute form in a tunnel", func(t *testing.T) {
+		c := h.connect(t, "origin.test:"+pt)
+		defer c.Close()
+		resp := send(t, c, "GET http://origin%252etest:"+pt+"/ HTTP/1.1\r\nHost: origin.test:"+pt+"\r\n\r\n")
+		if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("X-Abox-Reason") != ReasonInvalidTarget {
+			t.Errorf("status %d reason %q, want 400 %s", resp.StatusCode, resp.Header.Get("X-Abox-Reason"), ReasonInvalidTarget)
+		}
+	})
+	t.Run("control: the name spelled plainly", func(t *testing.T) {
+		if resp := send(t, dial(t), "GET http://origin.test:"+pt+"/ HTTP/1.1\r\nHost: origin.test:"+pt+"\r\n\r\n"); resp.StatusCode != http.StatusOK {
+			t.Errorf("status %d, want 200", resp.StatusCode)
+		}
+	})
 }
