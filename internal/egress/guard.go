@@ -135,8 +135,16 @@ func (g *Guard) Recheck(c *Checked) (*Checked, *Refusal) {
 // Dial connects to the first checked address that answers. It never
 // resolves anything.
 func (g *Guard) Dial(ctx context.Context, c *Checked) (net.Conn, error) {
+	conn, _, err := g.DialAddr(ctx, c)
+	return conn, err
+}
+
+// DialAddr is Dial that also returns which checked address it reached.
+// That is the connection's identity for reuse: with a parent proxy the
+// socket's remote address is the parent's, the same for every target.
+func (g *Guard) DialAddr(ctx context.Context, c *Checked) (net.Conn, netip.AddrPort, error) {
 	if c == nil || len(c.Addrs) == 0 {
-		return nil, errors.New("dialing: no checked address")
+		return nil, netip.AddrPort{}, errors.New("dialing: no checked address")
 	}
 	d := g.Dialer
 	timeout := g.DialTimeout
@@ -152,14 +160,14 @@ func (g *Guard) Dial(ctx context.Context, c *Checked) (net.Conn, error) {
 		conn, err := d.DialContext(actx, "tcp", net.JoinHostPort(a.String(), strconv.Itoa(int(c.Target.Port))))
 		cancel()
 		if err == nil {
-			return conn, nil
+			return conn, netip.AddrPortFrom(a.Unmap(), c.Target.Port), nil
 		}
 		errs = append(errs, err)
 		if ctx.Err() != nil {
 			break
 		}
 	}
-	return nil, fmt.Errorf("dialing %s: %w", c.Target.Authority(), errors.Join(errs...))
+	return nil, netip.AddrPort{}, fmt.Errorf("dialing %s: %w", c.Target.Authority(), errors.Join(errs...))
 }
 
 type clientKey struct{}

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"github.com/abox-dev/abox/internal/egress"
 	"io"
 	"log/slog"
 	"net"
@@ -120,10 +121,11 @@ type hopts struct {
 	permit     []string
 	hostAddrs  []string
 	dialer     *recordingDialer
-	decisions  bool    // decision lines through a decisionlog.Writer (h.lines)
-	rate       float64 // Config.RequestRate (negative: no limit)
-	keyLog     string  // Config.KeyLogPath, if not logs/keys.log in a temporary directory
-	keyLogMax  int64   // Config.KeyLogMaxBytes
+	upDialer   egress.Dialer // Config.Dialer, when dialer is nil (a parent proxy)
+	decisions  bool          // decision lines through a decisionlog.Writer (h.lines)
+	rate       float64       // Config.RequestRate (negative: no limit)
+	keyLog     string        // Config.KeyLogPath, if not logs/keys.log in a temporary directory
+	keyLogMax  int64         // Config.KeyLogMaxBytes
 	// wrapListener, when set, wraps the proxy's listener (its accepted
 	// connections are the guest's).
 	wrapListener func(net.Listener) net.Listener
@@ -227,6 +229,8 @@ func newHarness(t testing.TB, o hopts) *harness {
 	}
 	if o.dialer != nil {
 		cfg.Dialer = o.dialer
+	} else if o.upDialer != nil {
+		cfg.Dialer = o.upDialer
 	}
 	if o.decisions {
 		h.kept = &syncBuffer{}

@@ -361,7 +361,7 @@ func (u *upConn) setPeek() {
 // TLS for https, offering HTTP/2 and HTTP/1.1. An origin that picks HTTP/2
 // gets a shared HTTP/2 connection (h2 set), any other an upConn.
 func (p *Proxy) dialUpstreamConn(ctx context.Context, st *fwdState) (*upConn, *http2.ClientConn, error) {
-	c, err := p.guard.Dial(ctx, st.checked)
+	c, ap, err := p.guard.DialAddr(ctx, st.checked)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -372,10 +372,10 @@ func (p *Proxy) dialUpstreamConn(ctx context.Context, st *fwdState) (*upConn, *h
 	u := &upConn{t: t, raw: raw, c: raw}
 	u.closeF = u.close
 	u.setPeek()
-	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
-		u.key = upstreamKey{addr: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), host: t.Host(), tls: useTLS}
-		u.pooled = true
-	}
+	// Keyed by the checked address dialled, as get looks it up (with a
+	// parent proxy, c's remote address is the parent's).
+	u.key = upstreamKey{addr: ap, host: t.Host(), tls: useTLS}
+	u.pooled = true
 	if useTLS {
 		cfg := p.upTLS.Clone()
 		cfg.ServerName = t.Host()
