@@ -84,8 +84,9 @@ func TestNetworkSpecificNAT64Refused(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusForbidden || resp.Header.Get("X-Abox-Reason") != "private" {
-		t.Errorf("proxy: %d %s, want 403 private", resp.StatusCode, resp.Header.Get("X-Abox-Reason"))
+	// The guest is told forbidden_address; the proxy's log keeps "private".
+	if resp.StatusCode != http.StatusForbidden || resp.Header.Get("X-Abox-Reason") != "forbidden_address" {
+		t.Errorf("proxy: %d %s, want 403 forbidden_address", resp.StatusCode, resp.Header.Get("X-Abox-Reason"))
 	}
 }
 

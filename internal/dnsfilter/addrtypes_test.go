@@ -50,8 +50,8 @@ func TestEveryAddressTypeChecked(t *testing.T) {
 					t.Errorf("%s %s: rcode %s answer %v, want %s", tn, c.rdata, rcode(r), r.Answer, c.want)
 				}
 				if c.want == "NXDOMAIN" {
-					if _, text, _ := ede(r); text != "reason=dns_rebinding rule=*.example.com" {
-						t.Errorf("EDE %q, want reason=dns_rebinding", text)
+					if _, text, _ := ede(r); text != "reason=forbidden_address rule=*.example.com" {
+						t.Errorf("EDE %q, want reason=forbidden_address (the log keeps dns_rebinding)", text)
 					}
 				}
 			})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/dnsfilter"
+	"github.com/abox-dev/abox/internal/policy"
 )
 
 // TestAliasIntoLocalNameRefused: an allowlisted name whose answer is a CNAME
@@ -37,8 +38,8 @@ func TestAliasIntoLocalNameRefused(t *testing.T) {
 					if rcode(r) != "NXDOMAIN" || len(r.Answer) != 0 {
 						t.Fatalf("try %d: rcode %s answer %v, want NXDOMAIN and nothing", try, rcode(r), r.Answer)
 					}
-					if _, text, ok := ede(r); !ok || !strings.HasPrefix(text, "reason="+dnsfilter.ReasonRebinding) {
-						t.Errorf("try %d: EDE %q, want reason=%s", try, text, dnsfilter.ReasonRebinding)
+					if _, text, ok := ede(r); !ok || !strings.HasPrefix(text, "reason="+policy.ReasonForbiddenAddress) {
+						t.Errorf("try %d: EDE %q, want reason=%s", try, text, policy.ReasonForbiddenAddress)
 					}
 				}
 			})

@@ -48,8 +48,9 @@ func TestRebinding(t *testing.T) {
 					t.Fatalf("rcode %s answer %v, want NXDOMAIN and nothing", rcode(r), r.Answer)
 				}
 				code, text, ok := ede(r)
-				if !ok || code != dns.ExtendedErrorCodeBlocked || !strings.HasPrefix(text, "reason=dns_rebinding") {
-					t.Errorf("EDE %d %q, want Blocked reason=dns_rebinding", code, text)
+				if !ok || code != dns.ExtendedErrorCodeBlocked || !strings.HasPrefix(text, "reason=forbidden_address") || strings.Contains(text, "dns_rebinding") || strings.Contains(text, tt.wantClass) {
+					// The guest is not told the class, nor that it rebinds.
+					t.Errorf("EDE %d %q, want Blocked reason=forbidden_address", code, text)
 				}
 				// The guest learns the reason code, not which internal
 				// range the answer pointed into (that is for the log).

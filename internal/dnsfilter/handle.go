@@ -307,7 +307,8 @@ func (s *Server) answer(req *dns.Msg, opt *dns.OPT, e *entry, rule string, d dec
 		s.st.blocked.Add(1)
 		s.st.rebinding.Add(1)
 		d.verdict, d.reason, d.class, d.rcode = allowlist.Block, ReasonRebinding, string(class), dns.RcodeNameError
-		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonRebinding, Rule: rule}), nil, d
+		// The guest is told forbidden_address, never the class.
+		return blocked(req, allowlist.Decision{Verdict: allowlist.Block, Reason: policy.ReasonForbiddenAddress, Rule: rule}), nil, d
 	}
 	s.st.allowed.Add(1)
 	d.rcode = e.rcode

@@ -45,9 +45,9 @@ func TestAliasIntoLocalNameRefused(t *testing.T) {
 	for _, name := range []string{"mdns.allowed.test", "single.allowed.test", "numeric.allowed.test", "v6.allowed.test", "rev.allowed.test"} {
 		t.Run(name, func(t *testing.T) {
 			resp, body := h.rawRequest(t, "GET http://"+name+":"+pt+"/ HTTP/1.1\r\nHost: "+name+"\r\n\r\n")
-			checkRefusal(t, resp, body, 403, allowlist.ReasonSpecialUseAlias, name)
+			h.checkNameRefusal(t, resp, body, allowlist.ReasonSpecialUseAlias, name)
 			resp, body = h.rawRequest(t, "CONNECT "+name+":"+pt+" HTTP/1.1\r\n\r\n")
-			checkRefusal(t, resp, body, 403, allowlist.ReasonSpecialUseAlias, name)
+			h.checkNameRefusal(t, resp, body, allowlist.ReasonSpecialUseAlias, name)
 		})
 	}
 	if got := d.dialed(); len(got) != 0 {

@@ -26,7 +26,10 @@ type decision struct {
 	rule    string
 	// status answers a refusal: 403 for policy, 400 for bad input, 502 when
 	// the name cannot be resolved.
-	status      int
+	status int
+	// shown, when set, is the reason the guest is told instead of reason
+	// (which the log keeps): policy.ReasonForbiddenAddress.
+	shown       string
 	healthcheck bool
 	// checked is set when verdict is Allow and the target is not the
 	// healthcheck: the only addresses that may be dialled.
@@ -85,6 +88,11 @@ func (p *Proxy) decide(ctx context.Context, t egress.Target, pinned *egress.Chec
 		rd := block(status, ref.Reason)
 		rd.rule = d.rule
 		rd.err = ref
+		if status == http.StatusForbidden {
+			// A name resolving somewhere forbidden: the guest learns
+			// neither that it exists internally nor where it points.
+			rd.shown = policy.ReasonForbiddenAddress
+		}
 		return rd
 	}
 	d.checked = checked
@@ -109,6 +117,7 @@ type record struct {
 	status   int
 	verdict  allowlist.Verdict
 	reason   string
+	shown    string // the reason the guest is told, when not reason
 	rule     string
 	denialID string
 	mode     string // connect: mitm, tunnel, healthcheck
@@ -120,7 +129,7 @@ type record struct {
 }
 
 func (r *record) apply(d decision) {
-	r.verdict, r.reason, r.rule = d.verdict, d.reason, d.rule
+	r.verdict, r.reason, r.rule, r.shown = d.verdict, d.reason, d.rule, d.shown
 	if d.err != nil {
 		r.err = d.err
 	}
@@ -261,6 +270,9 @@ func (r *record) line(now time.Time) *decisionlog.Line {
 func (p *Proxy) refuse(w http.ResponseWriter, r *record, status int, reason string, closeConn bool) {
 	r.verdict, r.reason, r.status = allowlist.Block, reason, status
 	r.denialID = newDenialID()
+	if r.shown != "" {
+		reason = r.shown // the log line keeps the precise one
+	}
 	h := w.Header()
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	h.Set("X-Abox-Reason", reason)

@@ -58,6 +58,22 @@ func checkRefusal(t *testing.T, resp *http.Response, body string, wantStatus int
 	}
 }
 
+// checkNameRefusal is checkRefusal for a name that resolved somewhere the
+// guest may not reach: the guest is told forbidden_address, whatever the
+// range, and the decision line of that denial id keeps the precise reason.
+func (h *harness) checkNameRefusal(t *testing.T, resp *http.Response, body, logReason, host string) {
+	t.Helper()
+	checkRefusal(t, resp, body, http.StatusForbidden, policy.ReasonForbiddenAddress, host)
+	if strings.Contains(body, ": "+logReason+" (") {
+		t.Errorf("the guest was told %q: %q", logReason, body)
+	}
+	id := resp.Header.Get("X-Abox-Denial-Id")
+	waitFor(t, func() bool { return h.lastLog("denial_id", id) != nil }, "the denial's decision line")
+	if l := h.lastLog("denial_id", id); l["reason"] != logReason {
+		t.Errorf("decision line of denial %s: reason %v, want %s", id, l["reason"], logReason)
+	}
+}
+
 // TestBlockedRangesByName: an allowlisted name resolving into any blocked
 // range is refused, over plain HTTP and CONNECT, with the range as reason.
 func TestBlockedRangesByName(t *testing.T) {
@@ -79,17 +95,17 @@ func TestBlockedRangesByName(t *testing.T) {
 		h.res.set(name, r.addr)
 		t.Run(r.addr+"/http", func(t *testing.T) {
 			resp, body := h.rawRequest(t, "GET http://"+name+"/ HTTP/1.1\r\nHost: "+name+"\r\n\r\n")
-			checkRefusal(t, resp, body, 403, r.reason, name)
+			h.checkNameRefusal(t, resp, body, r.reason, name)
 		})
 		t.Run(r.addr+"/connect", func(t *testing.T) {
 			resp, body := h.rawRequest(t, "CONNECT "+name+":443 HTTP/1.1\r\nHost: "+name+":443\r\n\r\n")
-			checkRefusal(t, resp, body, 403, r.reason, name)
+			h.checkNameRefusal(t, resp, body, r.reason, name)
 		})
 	}
 	t.Run("mixed public and private answer", func(t *testing.T) {
 		h.res.set("mixed.e.test", "8.8.8.8", "10.0.0.1")
 		resp, body := h.rawRequest(t, "GET http://mixed.e.test/ HTTP/1.1\r\nHost: mixed.e.test\r\n\r\n")
-		checkRefusal(t, resp, body, 403, "private", "mixed.e.test")
+		h.checkNameRefusal(t, resp, body, "private", "mixed.e.test")
 	})
 }
 
@@ -177,7 +193,7 @@ func TestRebinding(t *testing.T) {
 	}
 	// The next request sees the private answer and is refused.
 	resp, body := h.rawRequest(t, "GET http://rebind.test:"+pt+"/ HTTP/1.1\r\nHost: rebind.test\r\n\r\n")
-	checkRefusal(t, resp, body, 403, "loopback", "rebind.test")
+	h.checkNameRefusal(t, resp, body, "loopback", "rebind.test")
 }
 
 // TestResolveOnceThroughUpstream uses the real upstream client against an
@@ -263,7 +279,7 @@ func TestAllowlistAndPassive(t *testing.T) {
 		t.Errorf("passive: status %d, want 200: %s", resp.StatusCode, body)
 	}
 	resp, body = get("private.test")
-	checkRefusal(t, resp, body, 403, "private", "private.test")
+	h.checkNameRefusal(t, resp, body, "private", "private.test")
 	found := false
 	for _, e := range h.engine.Profile().Entries {
 		found = found || e.Name == "other.test"

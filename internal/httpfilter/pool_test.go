@@ -140,7 +140,7 @@ func TestPoolKeyedByCheckedAddress(t *testing.T) {
 
 	h.res.set("name.test", "10.1.2.3")
 	resp, body := get(t, c, u)
-	checkRefusal(t, resp, body, http.StatusForbidden, "private", "name.test")
+	h.checkNameRefusal(t, resp, body, "private", "name.test")
 	if n := o1.opened.Load() + o2.opened.Load(); n != 2 {
 		t.Errorf("origins saw %d connections, want 2", n)
 	}

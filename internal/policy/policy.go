@@ -34,6 +34,14 @@ const (
 	// that is not a complete public address: a private or reserved range,
 	// or a zone cut above one. Blocked in every mode.
 	ReasonPrivateReverse = "private_reverse"
+	// ReasonForbiddenAddress is what a guest is told when a name it may
+	// use resolves somewhere it may not reach (a private or reserved range,
+	// loopback, a metadata address, an alias of a local name): one reason
+	// for every such case, so that a refusal does not tell the guest that
+	// the name exists internally or what it points at (passive mode and
+	// wildcards let it probe names). The filters' logs keep the precise
+	// reason (dns_rebinding with the class, private, metadata, ...).
+	ReasonForbiddenAddress = "forbidden_address"
 )
 
 // Mode is the enforcement mode of an instance's filters.
