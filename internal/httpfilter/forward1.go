@@ -571,22 +571,6 @@ func removeRoutingFields(h http.Header) {
 	}
 }
 
-// isRoutingField reports whether the canonical field name k is one that
-// removeRoutingFields drops. Underscores count as hyphens: CGI, WSGI and
-// PHP servers read X_Forwarded_Host as X-Forwarded-Host (both become
-// HTTP_X_FORWARDED_HOST), the spelling that slips past proxies that strip
-// only the hyphenated one.
-func isRoutingField(k string) bool {
-	if strings.IndexByte(k, '_') >= 0 {
-		k = textproto.CanonicalMIMEHeaderKey(strings.ReplaceAll(k, "_", "-"))
-	}
-	switch k {
-	case "Forwarded", "X-Forwarded", "X-Host", "X-Original-Host", "X-Http-Host-Override", "X-Real-Host", "Proxy":
-		return true
-	}
-	return strings.HasPrefix(k, "X-Forwarded-")
-}
-
 // forwardTrailer returns the trailer the upstream request declares, with
 // only the fields r declared that a trailer may carry, and a body that
 // fills it in from r's trailer once r's body is read (net/http merges the
