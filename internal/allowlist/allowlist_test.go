@@ -296,3 +296,19 @@ func BenchmarkBuild(b *testing.B) {
 		})
 	}
 }
+
+// TestSpecialUseTables: every zone refused names its source, and the
+// special-use names forwarded on purpose are not refused (the two tables
+// do not overlap).
+func TestSpecialUseTables(t *testing.T) {
+	for _, e := range specialUse {
+		if e.source == "" || !SpecialUse(e.zone) || !SpecialUse("a."+e.zone) {
+			t.Errorf("special-use zone %q (source %q)", e.zone, e.source)
+		}
+	}
+	for _, e := range specialUseForwarded {
+		if e.why == "" || SpecialUse("a."+e.zone) {
+			t.Errorf("%q is listed as forwarded (%q) but refused", e.zone, e.why)
+		}
+	}
+}

@@ -17,17 +17,47 @@ const ReasonSpecialUse = "special_use_name"
 // local name through it.
 const ReasonSpecialUseAlias = "special_use_alias"
 
-// specialUse are the zones below which no name is forwarded: RFC 6761's
-// localhost, RFC 6762 (local), RFC 7686 (onion),
-// RFC 8375 (home.arpa), RFC 9476 (alt), RFC 9462 (resolver.arpa), RFC 8880
-// (ipv4only.arpa, synthesised by NAT64 hosts), ICANN's private-use .internal,
-// and the undelegated names home networks and companies use (lan, home,
-// corp, localdomain, intranet, private). RFC 6761's test, example and
-// invalid are not here: no network gives them a local meaning, an upstream
-// answers NXDOMAIN for them, and abox's own tests name their servers so.
-var specialUse = []string{
-	"localhost", "local", "internal", "home.arpa", "onion", "alt", "resolver.arpa", "ipv4only.arpa", "lan", "home", "corp",
-	"localdomain", "intranet", "private",
+// specialUse are the zones below which no name is forwarded, each with
+// where it is reserved. They come from the IANA Special-Use Domain Names
+// registry (RFC 6761) and the Locally-Served DNS Zones registry (RFC 6303)
+// — forward names here; their reverse zones, and every other reverse name
+// of a non-public range, are refused by the reverse check (policy:
+// private_reverse) — and from the names ICANN will never delegate and
+// networks use locally. The test of package policy lists every entry of
+// both registries with its source and checks each is refused.
+var specialUse = []struct{ zone, source string }{
+	{"localhost", "RFC 6761 6.3; IANA special-use"},
+	{"local", "RFC 6762 (mDNS); IANA special-use"},
+	{"onion", "RFC 7686 (Tor); IANA special-use"},
+	{"alt", "RFC 9476; IANA special-use"},
+	{"home.arpa", "RFC 8375 (home networks); IANA special-use and locally-served"},
+	{"resolver.arpa", "RFC 9462 (DDR); IANA special-use"},
+	{"ipv4only.arpa", "RFC 8880 (NAT64 discovery, synthesised locally); IANA special-use"},
+	{"service.arpa", "RFC 9665 (DNS-SD service registration); IANA special-use"},
+	{"6tisch.arpa", "RFC 9031 (6TiSCH join); IANA special-use"},
+	{"eap-noob.arpa", "RFC 9140 (EAP-NOOB); IANA special-use"},
+	{"internal", "ICANN board resolution 2024.07.29.06: reserved for private use, never delegated"},
+	{"corp", "ICANN name collision: deferred indefinitely (2014), used by corporate networks"},
+	{"home", "ICANN name collision: deferred indefinitely (2014), used by home routers"},
+	{"mail", "ICANN name collision: deferred indefinitely (2014)"},
+	{"lan", "undelegated; the LAN of home routers (OpenWrt, dnsmasq defaults)"},
+	{"localdomain", "undelegated; the local domain of Linux distributions' /etc/hosts"},
+	{"intranet", "undelegated; RFC 6762 appendix G lists it among private names"},
+	{"private", "undelegated; RFC 6762 appendix G lists it among private names"},
+}
+
+// specialUseForwarded are the names of the IANA Special-Use Domain Names
+// registry that are forwarded, with why: no network gives them a local
+// meaning, an upstream answers them honestly (NXDOMAIN, or the IANA's own
+// example.* hosts), and abox's own tests and demo name their servers
+// under test.
+var specialUseForwarded = []struct{ zone, why string }{
+	{"test", "RFC 6761 6.2: resolvers answer NXDOMAIN; abox's tests and demo use it"},
+	{"example", "RFC 6761 6.5: documentation, NXDOMAIN upstream"},
+	{"example.com", "RFC 6761 6.5: documentation, served by the IANA"},
+	{"example.net", "RFC 6761 6.5: documentation, served by the IANA"},
+	{"example.org", "RFC 6761 6.5: documentation, served by the IANA"},
+	{"invalid", "RFC 6761 6.4: resolvers answer NXDOMAIN"},
 }
 
 // SpecialUse reports whether n, a name returned by NormalizeName, is a
@@ -36,8 +66,8 @@ func SpecialUse(n string) bool {
 	if !strings.Contains(n, ".") {
 		return true // single label: _gateway, wpad, the host's own name
 	}
-	for _, z := range specialUse {
-		if n == z || strings.HasSuffix(n, z) && n[len(n)-len(z)-1] == '.' {
+	for _, e := range specialUse {
+		if z := e.zone; n == z || strings.HasSuffix(n, z) && n[len(n)-len(z)-1] == '.' {
 			return true
 		}
 	}
