@@ -193,8 +193,9 @@ func TestValidateRefusesHostileBundles(t *testing.T) {
 }
 
 // TestValidateRealBundle checks a real bundle when ABOX_TETRAGON_BUNDLE
-// names one (docs/monitor.md says how one is built); CI has none, so it
-// skips there.
+// names one (docs/monitor.md says how one is built), and skips otherwise;
+// in CI the VM suite's TestTetragonAgent puts the shared bundle through the
+// same check (abox create --monitor-bundle).
 func TestValidateRealBundle(t *testing.T) {
 	file := os.Getenv("ABOX_TETRAGON_BUNDLE")
 	if file == "" {
