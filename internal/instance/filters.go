@@ -5,7 +5,10 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"runtime/debug"
 	"strconv"
+	"syscall"
 
 	"github.com/abox-dev/abox/internal/daemon"
 	"github.com/abox-dev/abox/internal/paths"
@@ -67,9 +70,32 @@ func RunFilters(ctx context.Context, l paths.Layout, name string, diag io.Writer
 	if err != nil {
 		return err
 	}
+	boundFilters()
 	cfg := DataPlane(l, st, socks, diag)
 	if ready != nil {
 		cfg.Ready = func(daemon.Info) { ready() }
 	}
 	return daemon.Run(ctx, cfg)
+}
+
+// FiltersMemoryLimit is the soft memory limit of an instance's filter
+// daemon (GOMEMLIMIT overrides it): past it the Go runtime collects
+// garbage harder instead of growing, so that one guest's flood, already
+// held to the daemon's connection, request and query caps, costs the host
+// a bounded heap. FiltersNice lowers the daemon's CPU priority, so that a
+// guest keeping its filters busy yields to the host's own work.
+const (
+	FiltersMemoryLimit = 1 << 30
+	FiltersNice        = 5
+)
+
+// boundFilters applies FiltersMemoryLimit and FiltersNice to this process.
+func boundFilters() {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(FiltersMemoryLimit)
+	}
+	if cur, err := syscall.Getpriority(syscall.PRIO_PROCESS, 0); err == nil && 20-cur < FiltersNice {
+		// Getpriority returns 20-nice on Linux.
+		syscall.Setpriority(syscall.PRIO_PROCESS, 0, FiltersNice)
+	}
 }
