@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -219,5 +220,185 @@ func TestCopyOutStopsBeforeTheHostDiskFills(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Join(host, "huge.bin")); err != nil || fi.Size() != 256<<20 {
 		t.Errorf("copied: %v %v", fi, err)
+	}
+}
+
+// tree lists the entries under dir (relative, sorted by the walk), so a
+// test can say nothing arrived there.
+func tree(dir string) []string {
+	var got []string
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && p != dir {
+			got = append(got, strings.TrimPrefix(p, dir+"/"))
+		}
+		return nil
+	})
+	return got
+}
+
+// TestCopyOutRefusesLinksOnTheWay: a repository that ships `results ->
+// /etc` gets nothing written there by `abox scp -r dev:out ./results/`
+// (shell completion adds the slash, which makes every system call follow
+// the link), nor by `./results/authorized_keys`, nor through a link
+// further up or one planted in the middle of the destination's tree;
+// the real directory beside them takes the copy, and nothing is left
+// half-made.
+func TestCopyOutRefusesLinksOnTheWay(t *testing.T) {
+	var reserve int64 = 1
+	g, copy := sftpGuest(t, &reserve)
+	write(t, filepath.Join(g, "out", "cron.d", "job"), "* * * * * root guest\n", 0o644)
+	write(t, filepath.Join(g, "out", "report.txt"), "guest report\n", 0o644)
+	write(t, filepath.Join(g, "authorized_keys"), "ssh-ed25519 GUEST\n", 0o644)
+
+	etc := t.TempDir() // stands in for /etc: must stay as it is
+	os.Mkdir(filepath.Join(etc, "cron.d"), 0o755)
+	os.Mkdir(filepath.Join(etc, "out"), 0o755)
+	os.Mkdir(filepath.Join(etc, "sub"), 0o755)
+	before := tree(etc)
+	repo := t.TempDir()
+	t.Chdir(repo)
+	os.Symlink(etc, "results")
+	os.MkdirAll("a", 0o755)
+	os.Symlink(etc, filepath.Join("a", "up"))
+	os.MkdirAll(filepath.Join("planted", "out"), 0o755)
+	os.Symlink(filepath.Join(etc, "cron.d"), filepath.Join("planted", "out", "cron.d"))
+	os.MkdirAll("real", 0o755)
+
+	recursive := func(dest string) CopyPlan {
+		return CopyPlan{Sources: []Location{{Instance: "dev", Path: "out"}}, Dest: Location{Path: dest}, Recursive: true}
+	}
+	keys := func(dest string) CopyPlan {
+		return CopyPlan{Sources: []Location{{Instance: "dev", Path: "authorized_keys"}}, Dest: Location{Path: dest}}
+	}
+	for _, tc := range []struct {
+		name string
+		plan CopyPlan
+		link string // named in the error
+	}{
+		{"a trailing slash on a link", recursive("./results/"), "./results"},
+		{"a link without the slash", recursive("./results"), "./results"},
+		{"a file under a link", keys("./results/authorized_keys"), "./results"},
+		{"a new file under a link", keys("results/new/authorized_keys"), "results"},
+		{"a link further up", recursive("a/up/sub/"), "a/up"},
+		{"a link further up, absolute", keys(filepath.Join(repo, "a", "up", "authorized_keys")), filepath.Join(repo, "a", "up")},
+		{"a link planted mid-tree", recursive("planted/"), "planted/out/cron.d"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := copy(tc.plan)
+			if err == nil || !strings.Contains(err.Error(), "symbolic link") || !strings.Contains(err.Error(), tc.link) {
+				t.Errorf("err = %v, want the link %s refused", err, tc.link)
+			}
+			if got := tree(etc); !slices.Equal(got, before) {
+				t.Errorf("the link's target now holds %v, want %v", got, before)
+				for _, p := range got {
+					if !slices.Contains(before, p) {
+						os.RemoveAll(filepath.Join(etc, p))
+					}
+				}
+			}
+			for _, dir := range []string{repo, etc} {
+				for _, p := range tree(dir) {
+					if strings.Contains(p, ".abox-scp-") {
+						t.Errorf("staging left behind: %s", p)
+					}
+				}
+			}
+		})
+	}
+	t.Run("the real directory, with and without a slash", func(t *testing.T) {
+		if err := copy(recursive("./real/")); err != nil {
+			t.Fatal(err)
+		}
+		if err := copy(keys("real/out/")); err != nil {
+			t.Fatal(err)
+		}
+		if err := copy(keys("real/out/cron.d/keys")); err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"out", "out/authorized_keys", "out/cron.d", "out/cron.d/job", "out/cron.d/keys", "out/report.txt"}
+		if got := tree("real"); !slices.Equal(got, want) {
+			t.Errorf("real holds %v, want %v", got, want)
+		}
+	})
+	t.Run("a trailing slash on a missing directory", func(t *testing.T) {
+		if err := copy(keys("missing/")); err == nil {
+			t.Error("copied to missing/")
+		}
+		if _, err := os.Lstat("missing"); err == nil {
+			t.Error("missing/ was made as a file")
+		}
+	})
+}
+
+// TestCopyInRefusesSourcesThroughLinks: `abox scp -r repo/docs/ dev:`
+// with a planted `docs -> ~/.ssh` would hand the guest the user's keys
+// (the slash makes scp follow the link the old check looked past), and
+// so would naming a file under the link; a link in the middle of the
+// tree is refused as before.
+func TestCopyInRefusesSourcesThroughLinks(t *testing.T) {
+	var reserve int64 = 1
+	g, copy := sftpGuest(t, &reserve)
+	ssh := t.TempDir() // stands in for ~/.ssh
+	write(t, filepath.Join(ssh, "id_ed25519"), "HOST SECRET\n", 0o600)
+	repo := t.TempDir()
+	t.Chdir(repo)
+	write(t, filepath.Join("repo", "real", "a.md"), "doc\n", 0o644)
+	os.Symlink(ssh, filepath.Join("repo", "docs"))
+	os.Symlink("real", filepath.Join("repo", "alias"))
+	write(t, filepath.Join("repo2", "src", "main.go"), "package main\n", 0o644)
+	os.Symlink(ssh, filepath.Join("repo2", "src", "keys"))
+
+	for _, tc := range []struct {
+		name string
+		plan CopyPlan
+		want string // in the error
+	}{
+		{"a trailing slash on a link", CopyPlan{Sources: []Location{{Path: "repo/docs/"}}, Dest: Location{Instance: "dev", Path: "w1"}, Recursive: true}, "repo/docs"},
+		{"a link without the slash", CopyPlan{Sources: []Location{{Path: "repo/docs"}}, Dest: Location{Instance: "dev", Path: "w2"}, Recursive: true}, "repo/docs"},
+		{"a file under a link", CopyPlan{Sources: []Location{{Path: "repo/docs/id_ed25519"}}, Dest: Location{Instance: "dev", Path: "w3"}}, "repo/docs"},
+		{"a file under a link, absolute", CopyPlan{Sources: []Location{{Path: filepath.Join(repo, "repo", "docs", "id_ed25519")}}, Dest: Location{Instance: "dev", Path: "w4"}}, filepath.Join(repo, "repo", "docs")},
+		{"a link to within, then out", CopyPlan{Sources: []Location{{Path: "repo/alias/../docs/id_ed25519"}}, Dest: Location{Instance: "dev", Path: "w5"}}, "repo/alias"},
+		{"a link mid-tree", CopyPlan{Sources: []Location{{Path: "repo2/"}}, Dest: Location{Instance: "dev", Path: "w6"}, Recursive: true}, filepath.Join("repo2", "src", "keys")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := copy(tc.plan)
+			if err == nil || !strings.Contains(err.Error(), "symbolic link") || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want %s refused", err, tc.want)
+			}
+			filepath.Walk(filepath.Join(g, tc.plan.Dest.Path), func(p string, fi os.FileInfo, err error) error {
+				if err == nil && !fi.IsDir() && strings.Contains(read(p), "HOST SECRET") {
+					t.Errorf("the host secret reached the guest at %s", p)
+				}
+				return nil
+			})
+		})
+	}
+	t.Run("a link within its directory, with a slash", func(t *testing.T) {
+		if err := copy(CopyPlan{Sources: []Location{{Path: "repo/alias/"}}, Dest: Location{Instance: "dev", Path: "ok"}, Recursive: true}); err != nil {
+			t.Fatal(err)
+		}
+		if got := read(filepath.Join(g, "ok", "a.md")); got != "doc\n" {
+			t.Errorf("in the guest: %q", got)
+		}
+	})
+}
+
+func TestSplitLast(t *testing.T) {
+	for _, tc := range []struct{ in, dir, name string }{
+		{"a", ".", "a"},
+		{"a/", ".", "a"},
+		{"./a//", ".", "a"},
+		{"a/b", "a", "b"},
+		{"a//b/", "a", "b"},
+		{"/a", "/", "a"},
+		{"/a/b/", "/a", "b"},
+		{"/", "/", ""},
+		{".", ".", ""},
+		{"a/..", "a/..", ""},
+		{"../", "../", ""},
+	} {
+		if dir, name := splitLast(tc.in); dir != tc.dir || name != tc.name {
+			t.Errorf("splitLast(%q) = %q, %q; want %q, %q", tc.in, dir, name, tc.dir, tc.name)
+		}
 	}
 }

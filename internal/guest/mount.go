@@ -10,7 +10,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 
+	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/termtext"
 )
@@ -74,28 +76,49 @@ func realDir(dir string) (string, error) {
 // ErrNotMounted means no abox mount is at the given place.
 var ErrNotMounted = errors.New("not an abox mount")
 
+// mountPoint is dir as the absolute clean path the mount goes on (a
+// relative dir joined to the working directory as the kernel has it,
+// without links), refused unless that is also its real path: no
+// component of dir as given may be a symbolic link. A repository's `mnt
+// -> /var/spool/cron/crontabs` (empty, so the emptiness check passes)
+// would put the guest's files where the host acts on them, and a
+// trailing slash, or a link further up, takes every system call there.
+func mountPoint(dir string) (string, error) {
+	abs := dir
+	if !filepath.IsAbs(dir) {
+		wd, err := syscall.Getwd()
+		if err != nil {
+			return "", err
+		}
+		abs = filepath.Join(wd, dir)
+	}
+	clean := filepath.Clean(abs)
+	root, err := fsutil.OpenRootNoLinks(dir)
+	if err != nil {
+		return "", err
+	}
+	defer root.Close()
+	if root.Name() != clean {
+		return "", fmt.Errorf("the real path of %s is %s, not %s", termtext.Clean(dir), termtext.Clean(root.Name()), termtext.Clean(clean))
+	}
+	return clean, nil
+}
+
 // Mount mounts m and records it. The mount point must be an empty
-// directory that is not already a mount.
+// directory that is not already a mount, reached through no symbolic
+// link (mountPoint).
 func (a Access) Mount(ctx context.Context, t Target, m Mount) error {
 	name := t.Name()
-	// A mount point that is a link (a repository's mnt -> ~/.config/
-	// autostart) would put the guest's files where the host acts on them.
-	if fi, err := os.Lstat(m.Dir); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-		target, _ := filepath.EvalSymlinks(m.Dir)
-		return fmt.Errorf("mounting %s: %s is a symbolic link (to %s); name the directory itself if you mean it", name, m.Dir, target)
-	}
-	dir, err := realDir(m.Dir)
-	if err != nil {
+	dir, err := mountPoint(m.Dir)
+	switch {
+	case fsutil.IsLink(err):
+		return fmt.Errorf("mounting %s: refusing %s: %w; the host acts on what appears where a link leads: mount on a directory reached without links", name, termtext.Clean(m.Dir), err)
+	case errors.Is(err, syscall.ENOTDIR):
+		return fmt.Errorf("mounting %s: %s is not a directory", name, termtext.Clean(m.Dir))
+	case err != nil:
 		return fmt.Errorf("mounting %s: %w (create the directory first)", name, err)
 	}
 	m.Dir = dir
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return fmt.Errorf("mounting %s: %w (create the directory first)", name, err)
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("mounting %s: %s is not a directory", name, dir)
-	}
 	if entries, err := os.ReadDir(dir); err != nil {
 		return fmt.Errorf("mounting %s: %w", name, err)
 	} else if len(entries) > 0 {

@@ -86,3 +86,55 @@ func TestMountRefusesALinkAsTheMountPoint(t *testing.T) {
 		t.Errorf("recorded: %v", ms)
 	}
 }
+
+// TestMountRefusesLinksOnTheWay: `abox mount dev:out ./mnt/` on a planted
+// `mnt -> /var/spool/cron/crontabs` (empty, and the trailing slash makes
+// every system call follow the link) would make the guest's files root's
+// crontabs; so would a link further up the path. A mount point must be
+// reached without any link: its real path is its clean path.
+func TestMountRefusesLinksOnTheWay(t *testing.T) {
+	tg := testTarget(t)
+	// A stand-in sshfs that mounts nothing: it says where it was asked to.
+	bin := t.TempDir()
+	os.WriteFile(filepath.Join(bin, "sshfs"), []byte("#!/bin/sh\nfor a; do last=$a; done\necho \"sshfs ran on $last\" >&2\nexit 1\n"), 0o755)
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	crontabs := t.TempDir() // empty, like /var/spool/cron/crontabs
+	spool := t.TempDir()
+	os.Mkdir(filepath.Join(spool, "mnt"), 0o755)
+	repo := t.TempDir()
+	t.Chdir(repo)
+	os.Symlink(crontabs, "mnt")
+	os.Symlink(spool, "spool")
+	os.MkdirAll(filepath.Join("real", "mnt"), 0o755)
+	for _, tc := range []struct{ dir, link string }{
+		{"./mnt/", "./mnt"},
+		{"mnt", "mnt"},
+		{"spool/mnt/", "spool"},
+		{"real/../spool/mnt", "spool"},
+		{filepath.Join(repo, "spool", "mnt"), filepath.Join(repo, "spool")},
+	} {
+		t.Run(tc.dir, func(t *testing.T) {
+			err := Access{Layout: tg.Layout}.Mount(t.Context(), tg, Mount{Dir: tc.dir})
+			if err == nil || !strings.Contains(err.Error(), "symbolic link") || !strings.Contains(err.Error(), tc.link) {
+				t.Errorf("mount on %s: %v, want the link %s refused", tc.dir, err, tc.link)
+			}
+			if ms, _ := (Access{Layout: tg.Layout}).Mounts("dev"); len(ms) != 0 {
+				t.Errorf("recorded: %v", ms)
+			}
+		})
+	}
+	for _, tc := range []struct{ dir, want string }{
+		{"real/mnt/", filepath.Join(repo, "real", "mnt")},
+		{"./real/../real/mnt", filepath.Join(repo, "real", "mnt")},
+		{filepath.Join(repo, "real", "mnt") + "/", filepath.Join(repo, "real", "mnt")},
+	} {
+		if got, err := mountPoint(tc.dir); err != nil || got != tc.want {
+			t.Errorf("mountPoint(%q) = %q, %v; want %q", tc.dir, got, err, tc.want)
+		}
+	}
+	// Past the check, the real directory goes to sshfs as it is.
+	err := Access{Layout: tg.Layout}.Mount(t.Context(), tg, Mount{Dir: "real/mnt/"})
+	if want := "sshfs ran on " + filepath.Join(repo, "real", "mnt"); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("mount on real/mnt/: %v, want %q", err, want)
+	}
+}
