@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/abox-dev/abox/internal/cloudinit"
+	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/termtext"
 )
 
@@ -161,7 +162,7 @@ func copyOverlay(ctx context.Context, ssh string, t Target, o Overlay, stderr io
 	if err != nil {
 		return fmt.Errorf("provisioning %s: %w", t.Name(), err)
 	}
-	fmt.Fprintf(stderr, "provisioning %s: copying overlay %s to %s (%d entries, %d bytes)\n", t.Name(), o.Source, target, len(entries), total)
+	fmt.Fprintf(stderr, "provisioning %s: copying overlay %s to %s (%d entries, %d bytes)\n", t.Name(), termtext.Clean(o.Source), target, len(entries), total)
 	// --no-overwrite-dir keeps the guest's own directories (/etc, /usr)
 	// as they are; --no-same-owner makes everything root's.
 	cmdline := "sudo -n mkdir -p " + shellQuote(target) + " && sudo -n tar -x -f - -C " + shellQuote(target) + " --no-same-owner --no-overwrite-dir"
@@ -205,31 +206,31 @@ func scanOverlay(o Overlay) ([]overlayEntry, int64, error) {
 	var total int64
 	err := fs.WalkDir(o.FS, ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
-			return fmt.Errorf("reading overlay %s: %w", o.Source, err)
+			return fmt.Errorf("reading overlay %s: %w", termtext.Clean(o.Source), err)
 		}
 		if p == "." {
 			return nil
 		}
 		if len(out) >= MaxOverlayFiles {
-			return fmt.Errorf("overlay %s has more than %d entries", o.Source, MaxOverlayFiles)
+			return fmt.Errorf("overlay %s has more than %d entries", termtext.Clean(o.Source), MaxOverlayFiles)
 		}
 		switch {
 		case d.Type()&fs.ModeSymlink != 0:
-			return fmt.Errorf("overlay %s: %s is a symbolic link; overlays hold only regular files and directories", o.Source, p)
+			return fmt.Errorf("overlay %s: %s is a symbolic link; overlays hold only regular files and directories", termtext.Clean(o.Source), termtext.Clean(p))
 		case d.IsDir():
 			out = append(out, overlayEntry{name: p, dir: true, mode: 0o755})
 		case d.Type().IsRegular():
 			fi, err := d.Info()
 			if err != nil {
-				return fmt.Errorf("reading overlay %s: %w", o.Source, err)
+				return fmt.Errorf("reading overlay %s: %w", termtext.Clean(o.Source), err)
 			}
 			total += fi.Size()
 			if total > MaxOverlayBytes {
-				return fmt.Errorf("overlay %s is larger than %d bytes", o.Source, MaxOverlayBytes)
+				return fmt.Errorf("overlay %s is larger than %d bytes", termtext.Clean(o.Source), MaxOverlayBytes)
 			}
 			out = append(out, overlayEntry{name: p, mode: fi.Mode().Perm(), size: fi.Size()})
 		default:
-			return fmt.Errorf("overlay %s: %s is not a regular file or directory (%s)", o.Source, p, d.Type())
+			return fmt.Errorf("overlay %s: %s is not a regular file or directory (%s)", termtext.Clean(o.Source), termtext.Clean(p), d.Type())
 		}
 		return nil
 	})
@@ -252,12 +253,12 @@ func writeOverlayTar(w io.Writer, o Overlay, entries []overlayEntry) error {
 		}
 		f, err := o.FS.Open(e.name)
 		if err != nil {
-			return fmt.Errorf("reading overlay %s: %w", o.Source, err)
+			return fmt.Errorf("reading overlay %s: %w", termtext.Clean(o.Source), err)
 		}
 		fi, err := f.Stat()
 		if err != nil || !fi.Mode().IsRegular() || fi.Size() != e.size {
 			f.Close()
-			return fmt.Errorf("overlay %s: %s changed while it was copied", o.Source, e.name)
+			return fmt.Errorf("overlay %s: %s changed while it was copied", termtext.Clean(o.Source), termtext.Clean(e.name))
 		}
 		h.Typeflag = tar.TypeReg
 		h.Size = e.size
@@ -268,17 +269,23 @@ func writeOverlayTar(w io.Writer, o Overlay, entries []overlayEntry) error {
 		_, err = io.CopyN(tw, f, e.size)
 		f.Close()
 		if err != nil {
-			return fmt.Errorf("overlay %s: %s: %w", o.Source, e.name, err)
+			return fmt.Errorf("overlay %s: %s: %w", termtext.Clean(o.Source), termtext.Clean(e.name), err)
 		}
 	}
 	return tw.Close()
 }
 
-// OpenOverlay opens dir as an overlay source confined to itself.
+// OpenOverlay opens dir as an overlay source confined to itself. dir is
+// reached without a symbolic link (fsutil.OpenRootNoLinks): a
+// repository's `overlay -> ~/.ssh` would otherwise copy the user's keys
+// into the guest.
 func OpenOverlay(dir, target string) (*Overlay, *os.Root, error) {
-	r, err := os.OpenRoot(dir)
+	r, err := fsutil.OpenRootNoLinks(dir)
 	if err != nil {
-		return nil, nil, fmt.Errorf("opening overlay %s: %w", dir, err)
+		if fsutil.IsLink(err) {
+			return nil, nil, fmt.Errorf("opening overlay %s: %w; an overlay is copied into the guest: remove the link, or name the real directory if you mean to give the guest that", termtext.Clean(dir), err)
+		}
+		return nil, nil, fmt.Errorf("opening overlay %s: %w", termtext.Clean(dir), err)
 	}
 	return &Overlay{FS: r.FS(), Source: dir, Target: target}, r, nil
 }

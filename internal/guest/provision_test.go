@@ -45,3 +45,48 @@ exit 0
 		t.Errorf("stderr = %q", errOut.String())
 	}
 }
+
+// TestOverlayThroughALinkIsRefused: `abox provision dev --overlay
+// overlay/` on a repository's `overlay -> ~/.ssh` would copy the user's
+// keys into the guest's /; the overlay directory is reached without a
+// link, with or without the slash, and also not through one further up.
+func TestOverlayThroughALinkIsRefused(t *testing.T) {
+	ssh := t.TempDir()
+	os.WriteFile(filepath.Join(ssh, "id_ed25519"), []byte("HOST SECRET\n"), 0o600)
+	os.Mkdir(filepath.Join(ssh, "etc"), 0o755)
+	t.Chdir(t.TempDir())
+	os.Symlink(ssh, "overlay")
+	os.MkdirAll(filepath.Join("real", "etc"), 0o755)
+	for _, dir := range []string{"overlay/", "overlay", "./overlay/etc/"} {
+		if o, root, err := OpenOverlay(dir, ""); err == nil || !strings.Contains(err.Error(), "symbolic link") {
+			if root != nil {
+				root.Close()
+			}
+			t.Errorf("OpenOverlay(%q) = %v, %v; want the link refused", dir, o, err)
+		}
+	}
+	o, root, err := OpenOverlay("real/", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root.Close()
+	if o.Source != "real/" {
+		t.Errorf("Source = %q", o.Source)
+	}
+}
+
+// TestOverlayNamesAreShownEscaped: an overlay entry's name is the
+// repository's, and reaches the terminal in the refusal.
+func TestOverlayNamesAreShownEscaped(t *testing.T) {
+	d := t.TempDir()
+	os.Symlink("/etc/shadow", filepath.Join(d, "x\x1b]0;owned\x07"))
+	o, root, err := OpenOverlay(d, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	_, _, err = scanOverlay(*o)
+	if err == nil || termtext.Check(err.Error()) != nil || !strings.Contains(err.Error(), `x\x1b]0;owned\x07`) {
+		t.Errorf("err = %q", err)
+	}
+}
