@@ -10,8 +10,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/guest"
 	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/termtext"
 	"github.com/abox-dev/abox/internal/validate"
 )
 
@@ -48,10 +50,11 @@ func newSCPCmd(e *env) *cobra.Command {
 		Long: `Copy files between the host and an instance over its SSH connection (pinned
 host key, no agent or forwarding). Write a guest path as NAME:PATH, relative to
 the login user's home unless absolute; write a host path holding a colon as
-./a:b. A host source that is a symbolic link out of its directory, or a tree
-holding one that leads out of it, is refused (scp would follow it); files
-from the guest arrive through a staging directory and never through a
-symbolic link at the destination.`,
+./a:b. A host path is never used through a symbolic link: one on the way
+(a trailing slash after one included) is refused, and so is a host source
+that is a link out of its directory, or a tree holding one that leads out
+of it (scp would follow it); files from the guest arrive through a staging
+directory and never through a symbolic link at the destination.`,
 		Example: `  abox scp -r ./src dev:work/
   abox scp dev:work/report.txt .`,
 		Args: cobra.MinimumNArgs(2),
@@ -125,15 +128,14 @@ and directories only (a symbolic link is refused), at most 512 MiB.`,
 				p.Overlay = o
 			}
 			for _, s := range scripts {
-				abs, err := filepath.Abs(s)
+				// The script's directory is reached without a symbolic
+				// link: a repository's `scripts -> ~/.ssh` would send a
+				// host file of that name to the guest.
+				root, err := fsutil.OpenRootNoLinks(filepath.Dir(s))
 				if err != nil {
-					return err
+					return fmt.Errorf("reading script %s: %w", termtext.Clean(s), err)
 				}
-				root, err := os.OpenRoot(filepath.Dir(abs))
-				if err != nil {
-					return err
-				}
-				sc, err := guest.ReadScript(root, filepath.Base(abs))
+				sc, err := guest.ReadScript(root, filepath.Base(s))
 				root.Close()
 				if err != nil {
 					return err
@@ -298,7 +300,7 @@ func newMountCmd(e *env) *cobra.Command {
 		Short: "Mount a guest directory on the host (sshfs)",
 		Long: `Mount the guest's PATH (the login user's home by default; relative paths are
 under it) on the empty host directory DIR with sshfs over the instance's SSH
-connection. The host reads the guest's files; the guest gets no path into the
+connection; DIR is reached through no symbolic link. The host reads the guest's files; the guest gets no path into the
 host: symbolic links are resolved inside the guest, and set-uid bits, device
 nodes and executables from the guest are inert on the host (nosuid, nodev,
 noexec). Mounts end when the instance stops or is removed.`,

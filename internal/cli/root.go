@@ -69,7 +69,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if errors.As(err, &ce) {
 		return ce.code
 	}
-	fmt.Fprintf(stderr, "abox: %v\n", err)
+	// Errors name paths a repository chose and text a guest sent: shown
+	// with their control characters escaped, never obeyed.
+	errOut := termtext.NewWriter(stderr)
+	defer errOut.Flush()
+	fmt.Fprintf(errOut, "abox: %v\n", err)
 	// A guest program's status (a provisioning script, scp) is abox's.
 	var ge *guest.ExitError
 	if errors.As(err, &ge) && ge.Code > 0 {
@@ -77,11 +81,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	var he *hintError
 	if errors.As(err, &he) && he.hint != "" {
-		fmt.Fprintf(stderr, "hint: %s\n", he.hint)
+		fmt.Fprintf(errOut, "hint: %s\n", he.hint)
 	}
 	var ae *api.Error
 	if errors.As(err, &ae) && ae.Hint != "" {
-		fmt.Fprintf(stderr, "hint: %s\n", ae.Hint)
+		fmt.Fprintf(errOut, "hint: %s\n", ae.Hint)
 	}
 	var ue usageError
 	if errors.As(err, &ue) {
