@@ -248,6 +248,64 @@ provision:
 		}
 	})
 
+	// A repository ships links where the user's paths go: `results ->
+	// /etc`, `docs -> ~/.ssh`, `mnt -> /var/spool/cron/crontabs` (here
+	// directories outside the project stand in). Shell completion adds
+	// the trailing slash, which makes every system call follow a link.
+	t.Run("scp and mount refuse planted links, with or without a trailing slash, and write nothing through them", func(t *testing.T) {
+		etc, ssh, spool := t.TempDir(), t.TempDir(), t.TempDir()
+		writeFile(t, filepath.Join(ssh, "id_ed25519"), "HOST SECRET\n", 0o600)
+		crontabs := filepath.Join(spool, "crontabs")
+		os.Mkdir(crontabs, 0o755)
+		links := map[string]string{"results": etc, "docs": ssh, "mnt-link": crontabs, "spool": spool}
+		for name, target := range links {
+			if err := os.Symlink(target, filepath.Join(w.dir, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		defer func() {
+			for name := range links {
+				os.Remove(filepath.Join(w.dir, name))
+			}
+		}()
+		w.guest(t, "mkdir -p linkout && echo '* * * * * root guest' > linkout/job && echo ssh-ed25519 GUEST > authorized_keys")
+		for _, args := range [][]string{
+			{"scp", "-r", "wf:linkout", "./results/"},
+			{"scp", "-r", "wf:linkout", "results"},
+			{"scp", "wf:authorized_keys", "./results/authorized_keys"},
+			{"scp", "-r", "docs/", "wf:in-link1"},
+			{"scp", "-r", "docs", "wf:in-link2"},
+			{"scp", "docs/id_ed25519", "wf:in-link3"},
+			{"mount", "wf:linkout", "./mnt-link/"},
+			{"mount", "wf:linkout", "mnt-link"},
+			{"mount", "wf:linkout", "./spool/crontabs/"},
+		} {
+			if out, err := w.abox(args...); err == nil || !strings.Contains(out, "is a symbolic link") {
+				t.Errorf("abox %s: %v, want the link refused:\n%s", strings.Join(args, " "), err, out)
+			}
+		}
+		for _, dir := range []string{etc, crontabs} {
+			if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+				t.Errorf("written through a link into %s: %v", dir, entries)
+			}
+		}
+		if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), spool) {
+			t.Errorf("mounted through a link:\n%s", b)
+		}
+		if got := w.guest(t, "grep -rls 'HOST SECRET' in-link1 in-link2 in-link3 || echo none"); got != "none" {
+			t.Errorf("the host key reached the guest: %s", got)
+		}
+		if m, _ := filepath.Glob(filepath.Join(w.dir, ".abox-scp-*")); len(m) != 0 {
+			t.Errorf("staging left behind: %v", m)
+		}
+		// The real directory beside the links takes the same copy.
+		os.Mkdir(filepath.Join(w.dir, "results-real"), 0o755)
+		w.must(t, "scp", "-r", "wf:linkout", "./results-real/")
+		if b, err := os.ReadFile(filepath.Join(w.dir, "results-real", "linkout", "job")); err != nil || !strings.Contains(string(b), "guest") {
+			t.Errorf("into the real directory: %q, %v", b, err)
+		}
+	})
+
 	t.Run("mount shows guest files, writes through, and never follows guest links into the host", func(t *testing.T) {
 		secret := filepath.Join(w.dir, "host-secret")
 		writeFile(t, secret, "HOST ONLY\n", 0o600)
