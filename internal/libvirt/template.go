@@ -109,14 +109,17 @@ func boundedTemplate(t *template.Template) error {
 // the user. The result is refused unless it parses as a libvirt domain
 // named DomainName(p.Name) with at least one NIC, every NIC on the
 // instance network and carrying the instance nwfilter, and nothing but
-// what the allow list in template_check.go accepts: known device kinds
-// only, host paths only the instance's own files, the host's QEMU.
+// what the allow list in template_check.go accepts, element by element and
+// attribute by attribute: host paths only the instance's own files,
+// sockets only in its run directory at names abox does not use, the
+// host's QEMU.
 //
-// The XML returned is the checked document as libvirtxml re-encodes it, not
-// the rendered text: an element libvirtxml does not know (a device type
-// newer than it, a misspelling libvirt happens to accept) would otherwise
-// pass the check unseen and still reach libvirt. What is defined is
-// exactly what was checked.
+// The check walks the rendered text itself, so an element libvirtxml does
+// not know (a device type newer than it, a misspelling libvirt happens to
+// accept) is refused by name rather than passed unseen. The XML returned
+// is the checked document as libvirtxml re-encodes it (with abox's
+// metadata, the disks' formats and the monitor channel added), never the
+// rendered text.
 func RenderTemplate(text string, p Params) (domainXML, warning string, err error) {
 	if err := p.Validate(); err != nil {
 		return "", "", err
@@ -135,11 +138,8 @@ func RenderTemplate(text string, p Params) (domainXML, warning string, err error
 		}
 		return "", "", fmt.Errorf("rendering domain template: %w", err)
 	}
-	var d libvirtxml.Domain
-	if err := d.Unmarshal(string(b.Bytes())); err != nil {
-		return "", "", fmt.Errorf("checking rendered domain template: it is not a libvirt domain document: %w", err)
-	}
-	if err := checkTemplateDomain(&d, p); err != nil {
+	d, err := checkTemplate(string(b.Bytes()), p)
+	if err != nil {
 		return "", "", fmt.Errorf("checking rendered domain template: %w", err)
 	}
 	// The monitor's channel is abox's, added here as in the hardened

@@ -110,8 +110,12 @@ type Instance struct {
 }
 
 // Instance returns the files of instance name.
-func (l Layout) Instance(name string) Instance {
-	dir := l.InstanceDir(name)
+func (l Layout) Instance(name string) Instance { return InstanceIn(l.InstanceDir(name)) }
+
+// InstanceIn returns the files of the instance whose directory is dir:
+// every path abox itself uses there (libvirt's template check reserves
+// them all, so a template cannot bind a socket over one).
+func InstanceIn(dir string) Instance {
 	logs := filepath.Join(dir, "logs")
 	run := filepath.Join(dir, "run")
 	return Instance{
