@@ -38,7 +38,9 @@ type Hypervisor interface {
 
 	CreateSnapshot(ctx context.Context, domain, name, description string) (libvirt.Snapshot, error)
 	Snapshots(ctx context.Context, domain string) ([]libvirt.Snapshot, error)
-	RevertSnapshot(ctx context.Context, domain, name string) error
+	// RevertSnapshot runs check on the definitions a memory snapshot
+	// brings back before the guest runs (see libvirt.Client.RevertSnapshot).
+	RevertSnapshot(ctx context.Context, domain, name string, check func(domainXML string) error) error
 	DeleteSnapshot(ctx context.Context, domain, name string) error
 }
 

@@ -163,8 +163,10 @@ type RevertResult struct {
 //
 // Either way the host side stays as it is now: the network, packet filter
 // and domain are defined again from the instance's state, the host chains
-// are ensured, and a guest whose live definition no longer has exactly
-// the instance's filtered NIC is powered off.
+// are ensured. A memory snapshot whose definition (the one it keeps, then
+// the one libvirt runs, the guest still paused) fails libvirt.CheckDevices
+// is refused before the guest runs, and a guest already running is
+// powered off.
 func (m *Manager) RevertSnapshot(ctx context.Context, name, snap string) (RevertResult, error) {
 	if err := validate.SnapshotName(snap); err != nil {
 		return RevertResult{}, err
@@ -203,22 +205,13 @@ func (m *Manager) RevertSnapshot(ctx context.Context, name, snap string) (Revert
 			m.progress("warning: reverting %s: releasing mounts and forwards: %v", name, err)
 		}
 	}
+	// The definitions a memory snapshot brings back are checked before
+	// its guest runs: the one it keeps before anything is reverted, the
+	// one libvirt runs while the guest is still paused.
+	check := func(def string) error { return m.checkRevertedDevices(st, def) }
 	revert := func(ctx context.Context) error {
-		if err := m.Hypervisor.RevertSnapshot(ctx, dom, snap); err != nil {
+		if err := m.Hypervisor.RevertSnapshot(ctx, dom, snap, check); err != nil {
 			return m.powerOffAfter(ctx, dom, err)
-		}
-		if !target.Memory() {
-			return nil
-		}
-		def, err := m.Hypervisor.Domain(ctx, dom)
-		if err == nil {
-			err = libvirt.CheckNetwork(def, ParamsOf(m.Layout, st))
-		}
-		if err == nil {
-			err = m.checkRevertedDevices(st, def)
-		}
-		if err != nil {
-			return m.powerOffAfter(ctx, dom, fmt.Errorf("checking the reverted guest's network: %w", err))
 		}
 		return nil
 	}
@@ -270,9 +263,10 @@ func (m *Manager) RevertSnapshot(ctx context.Context, name, snap string) (Revert
 	return res, nil
 }
 
-// checkRevertedDevices holds the reverted guest's live definition to the
-// devices of the one this abox builds from st (libvirt.CheckDevices).
-func (m *Manager) checkRevertedDevices(st State, live *libvirtxml.Domain) error {
+// checkRevertedDevices holds a definition a revert brings back (its XML)
+// to the allow list, the instance's filtered NIC and the devices of the
+// one this abox builds from st (libvirt.CheckDevices).
+func (m *Manager) checkRevertedDevices(st State, def string) error {
 	x, _, err := m.domainXML(st)
 	if err != nil {
 		return err
@@ -281,7 +275,7 @@ func (m *Manager) checkRevertedDevices(st State, live *libvirtxml.Domain) error 
 	if err := want.Unmarshal(x); err != nil {
 		return err
 	}
-	return libvirt.CheckDevices(live, &want)
+	return libvirt.CheckDevices(def, ParamsOf(m.Layout, st), &want)
 }
 
 // setGuestClock sets a guest resumed from a snapshot to the host's time.

@@ -52,7 +52,11 @@ func (h *fakeHV) Snapshots(ctx context.Context, domain string) ([]libvirt.Snapsh
 	return slices.Clone(h.snaps[domain]), nil
 }
 
-func (h *fakeHV) RevertSnapshot(ctx context.Context, domain, name string) error {
+// RevertSnapshot does what libvirt.Client's does: for a memory snapshot,
+// the definition it keeps (revertedXML when set, else the domain's) is
+// checked before anything is reverted, the live one with the guest
+// paused, and the guest resumed only after both pass.
+func (h *fakeHV) RevertSnapshot(ctx context.Context, domain, name string, check func(string) error) error {
 	if h.onRevert != nil {
 		h.onRevert()
 	}
@@ -62,16 +66,29 @@ func (h *fakeHV) RevertSnapshot(ctx context.Context, domain, name string) error 
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, s := range h.snaps[domain] {
-		if s.Name == name {
-			h.domains[domain] = libvirt.StateShutoff
-			if s.Memory() {
-				h.domains[domain] = libvirt.StateRunning
+		if s.Name != name {
+			continue
+		}
+		kept := h.domXML[domain]
+		if h.revertedXML != "" {
+			kept = h.revertedXML
+		}
+		if s.Memory() {
+			if err := check(kept); err != nil {
+				return fmt.Errorf("refused before reverting anything: %w", err)
 			}
-			if h.revertedXML != "" {
-				h.domXML[domain] = h.revertedXML
-			}
+		}
+		h.domains[domain] = libvirt.StateShutoff
+		h.domXML[domain] = kept
+		if !s.Memory() {
 			return nil
 		}
+		h.domains[domain] = libvirt.StatePaused
+		if err := check(h.domXML[domain]); err != nil {
+			return fmt.Errorf("the guest it brought back (paused, never resumed): %w", err)
+		}
+		h.domains[domain] = libvirt.StateRunning
+		return nil
 	}
 	return fmt.Errorf("no snapshot %s: %w", name, libvirt.ErrNotFound)
 }
@@ -210,8 +227,9 @@ func TestRevertRunningKeepsTheHostSide(t *testing.T) {
 	}
 }
 
-// A revert whose live definition no longer carries the instance's packet
-// filter (libvirt takes it from the snapshot) powers the guest off.
+// A revert whose definition no longer carries the instance's packet
+// filter (libvirt takes it from the snapshot) is refused before the
+// guest runs; one running before is powered off.
 func TestRevertRefusesAnUnfilteredGuest(t *testing.T) {
 	ctx := context.Background()
 	for _, running := range []bool{true, false} {
@@ -230,7 +248,10 @@ func TestRevertRefusesAnUnfilteredGuest(t *testing.T) {
 				t.Fatalf("no filterref to take out of:\n%s", r.hv.revertedXML)
 			}
 			_, err := r.m.RevertSnapshot(ctx, "dev", "warm")
-			if err == nil || !strings.Contains(err.Error(), "packet filter") || !strings.Contains(err.Error(), "powered off") {
+			// Refused before anything is reverted: a running guest is
+			// powered off, a stopped one never starts.
+			if err == nil || !strings.Contains(err.Error(), "packet filter") || !strings.Contains(err.Error(), "before reverting anything") ||
+				strings.Contains(err.Error(), "powered off") != running {
 				t.Errorf("RevertSnapshot = %v, want a refusal naming the packet filter", err)
 			}
 			if st := r.hv.domains["abox-dev"]; st.Active() {
@@ -256,7 +277,7 @@ func TestRevertRefusesAnOldDefinitionsDevices(t *testing.T) {
 		t.Fatal("no </devices> to add a folder before")
 	}
 	_, err := r.m.RevertSnapshot(ctx, "dev", "warm")
-	if err == nil || !strings.Contains(err.Error(), "shared folders") || !strings.Contains(err.Error(), "powered off") {
+	if err == nil || !strings.Contains(err.Error(), "<filesystem> is not allowed") || !strings.Contains(err.Error(), "powered off") {
 		t.Errorf("RevertSnapshot = %v, want a refusal naming the shared folder", err)
 	}
 	if st := r.hv.domains["abox-dev"]; st.Active() {

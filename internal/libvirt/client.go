@@ -48,6 +48,7 @@ type remote interface {
 	DomainGetState(d golibvirt.Domain, flags uint32) (int32, int32, error)
 	DomainUpdateDeviceFlags(d golibvirt.Domain, xml string, flags golibvirt.DomainDeviceModifyFlags) error
 	DomainGetXMLDesc(d golibvirt.Domain, flags golibvirt.DomainXMLFlags) (string, error)
+	DomainResume(d golibvirt.Domain) error
 
 	DomainSnapshotCreateXML(d golibvirt.Domain, xml string, flags uint32) (golibvirt.DomainSnapshot, error)
 	DomainSnapshotLookupByName(d golibvirt.Domain, name string, flags uint32) (golibvirt.DomainSnapshot, error)

@@ -247,32 +247,35 @@ func snapshotLifecycle(t *testing.T, ctx context.Context, c *Client, p Params, b
 	if _, err := c.CreateSnapshot(ctx, dom, "warm", ""); !errors.Is(err, ErrSnapshotExists) {
 		t.Errorf("a second warm = %v, want ErrSnapshotExists", err)
 	}
-	timed("snapshot-revert-running-to-running", func() error { return c.RevertSnapshot(ctx, dom, "warm") })
+	// The definitions a real libvirt keeps in a snapshot and runs after
+	// a revert (aliases, addresses, labels, the tap, the backing chain)
+	// pass the check a revert makes.
+	wantDef, err := BuildDomain(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	check := func(doc string) error {
+		checked++
+		err := CheckDevices(doc, p, wantDef)
+		if err != nil {
+			t.Logf("refused definition:\n%s", doc)
+		}
+		return err
+	}
+	timed("snapshot-revert-running-to-running", func() error { return c.RevertSnapshot(ctx, dom, "warm", check) })
 	state(StateRunning)
-	def, err := c.Domain(ctx, dom)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := CheckNetwork(def, p); err != nil {
-		t.Errorf("after the revert: %v", err)
-	}
-	domXML, err := DomainXML(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wantDef libvirtxml.Domain
-	must(t, wantDef.Unmarshal(domXML))
-	if err := CheckDevices(def, &wantDef); err != nil {
-		t.Errorf("after the revert: %v", err)
+	if checked < 2 {
+		t.Errorf("the revert checked %d definitions, want the snapshot's and the live one", checked)
 	}
 	must(t, c.DestroyDomain(ctx, dom))
 	timed("snapshot-create-stopped", func() error {
 		_, err := c.CreateSnapshot(ctx, dom, "cold", "")
 		return err
 	})
-	timed("snapshot-revert-stopped-to-running", func() error { return c.RevertSnapshot(ctx, dom, "warm") })
+	timed("snapshot-revert-stopped-to-running", func() error { return c.RevertSnapshot(ctx, dom, "warm", check) })
 	state(StateRunning)
-	timed("snapshot-revert-running-to-stopped", func() error { return c.RevertSnapshot(ctx, dom, "cold") })
+	timed("snapshot-revert-running-to-stopped", func() error { return c.RevertSnapshot(ctx, dom, "cold", check) })
 	state(StateShutoff)
 	list, err := c.Snapshots(ctx, dom)
 	if err != nil {

@@ -25,6 +25,10 @@ type fakeRemote struct {
 	// snapFail, when set, is DomainSnapshotCreateXML's error, returned
 	// after the snapshot was recorded (as a libvirt that failed late would).
 	snapFail error
+	// revertedXML, when set, is the definition a revert brings back
+	// (instead of the snapshot's); revertFlags the last revert's flags.
+	revertedXML string
+	revertFlags uint32
 }
 
 func newFake() *fakeRemote {

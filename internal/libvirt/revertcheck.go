@@ -8,14 +8,37 @@ import (
 	"libvirt.org/go/libvirtxml"
 )
 
-// CheckDevices checks that a domain definition (the live one after a
-// revert, which libvirt takes from the snapshot: an older abox's, or one
-// edited since) brings back no device that reaches the host beyond those
-// of want, the definition abox builds now: no disk on another host file,
-// no shared folder, passed-through or redirected device, smartcard, shared
-// memory, parallel port, display, and no serial port, console or channel
-// on another host path or socket. CheckNetwork checks the NIC.
-func CheckDevices(live, want *libvirtxml.Domain) error {
+// CheckDevices checks a domain definition a revert brings back: the one
+// a snapshot keeps (read before the revert: an older abox's, or one
+// edited since) and the one libvirt then runs (read while the guest is
+// still paused). doc is its XML as libvirt gives it; want is the
+// definition abox builds now from p. The definition must pass the allow
+// list a template passes (domainAllowList, with what only libvirt writes
+// allowed too: it refuses a passed-through or external TPM, <memory>
+// devices, evdev inputs, RNG sockets, another <emulator>,
+// <qemu:commandline>, <sysinfo> and whatever else a template may not
+// hold, element by element), have exactly the instance's filtered NIC
+// (CheckNetwork), and reach the host through nothing want does not:
+// no disk on another host file, no more shared folders, passed-through
+// or redirected devices, smartcards, shared memory, parallel ports,
+// displays, serial ports, consoles or channels than want, and none of
+// those on another host path or socket.
+func CheckDevices(doc string, p Params, want *libvirtxml.Domain) error {
+	if err := newChecker(p, true).checkDocument(doc, domainAllowList()); err != nil {
+		return err
+	}
+	var live libvirtxml.Domain
+	if err := live.Unmarshal(doc); err != nil {
+		return fmt.Errorf("reading the definition the snapshot brings back: %w", err)
+	}
+	if err := CheckNetwork(&live, p); err != nil {
+		return err
+	}
+	return compareDevices(&live, want)
+}
+
+// compareDevices holds live to the host-reaching devices of want.
+func compareDevices(live, want *libvirtxml.Domain) error {
 	lv, wd := live.Devices, want.Devices
 	if lv == nil {
 		return nil

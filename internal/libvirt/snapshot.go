@@ -1,8 +1,10 @@
 package libvirt
 
 import (
+	"encoding/xml"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"time"
@@ -162,4 +164,45 @@ func CheckNetwork(d *libvirtxml.Domain, p Params) error {
 		return fmt.Errorf("domain %s: its network interface does not carry the packet filter %s", d.Name, FilterName(p.Name))
 	}
 	return nil
+}
+
+// snapshotDefinitions returns the domain definitions a snapshot document
+// keeps, as libvirt wrote them: <domain> (the one a revert runs) and
+// <inactiveDomain> (the persistent one it restores), the latter renamed
+// <domain>. A namespace the snapshot document declares around them is
+// not carried over: its elements then fail the allow list.
+func snapshotDefinitions(doc string) ([]string, error) {
+	dec := xml.NewDecoder(strings.NewReader(doc))
+	var defs []string
+	depth := 0
+	for {
+		off := dec.InputOffset()
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return defs, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("parsing snapshot XML: %w", err)
+		}
+		switch t := tok.(type) {
+		case xml.StartElement:
+			if depth == 1 && t.Name.Space == "" && (t.Name.Local == "domain" || t.Name.Local == "inactiveDomain") {
+				if err := dec.Skip(); err != nil {
+					return nil, fmt.Errorf("parsing snapshot XML: %w", err)
+				}
+				def := doc[off:dec.InputOffset()]
+				if t.Name.Local == "inactiveDomain" {
+					def = "<domain" + strings.TrimPrefix(def, "<inactiveDomain")
+					if s, ok := strings.CutSuffix(def, "</inactiveDomain>"); ok {
+						def = s + "</domain>"
+					}
+				}
+				defs = append(defs, def)
+				continue
+			}
+			depth++
+		case xml.EndElement:
+			depth--
+		}
+	}
 }

@@ -136,18 +136,72 @@ func (c *Client) Snapshots(ctx context.Context, domain string) ([]Snapshot, erro
 // moment (starting QEMU if the domain was off); reverting to a snapshot of
 // a stopped domain powers a running guest off. libvirt also takes the
 // domain's definition from the snapshot: callers define the current one
-// again and check the live one (CheckNetwork).
-func (c *Client) RevertSnapshot(ctx context.Context, domain, name string) error {
+// again.
+//
+// For a snapshot with memory, check judges the definitions the guest
+// comes back with before any of the guest runs: the ones the snapshot
+// keeps, read before anything is reverted (a refusal reverts nothing),
+// then the one libvirt runs, read after a revert that leaves the guest's
+// vCPUs paused (VIR_DOMAIN_SNAPSHOT_REVERT_PAUSED). Only when both pass
+// is the guest resumed (if it was running when the snapshot was taken); a
+// refusal after the revert leaves it paused, for the caller to power off.
+func (c *Client) RevertSnapshot(ctx context.Context, domain, name string, check func(domainXML string) error) error {
+	fail := func(err error) error {
+		return fmt.Errorf("reverting %s to snapshot %s: %w", domain, name, err)
+	}
+	if check == nil {
+		return fail(errors.New("no check of the definition it brings back"))
+	}
 	d, _, err := c.domain(ctx, domain)
 	if err != nil {
-		return fmt.Errorf("reverting %s to snapshot %s: %w", domain, name, err)
+		return fail(err)
 	}
 	s, err := c.snapshot(ctx, d, name)
 	if err != nil {
-		return fmt.Errorf("reverting %s to snapshot %s: %w", domain, name, err)
+		return fail(err)
 	}
-	if err := do(ctx, func() error { return c.r.DomainRevertToSnapshot(s, 0) }); err != nil {
-		return fmt.Errorf("reverting %s to snapshot %s: %w", domain, name, err)
+	doc, err := call(ctx, func() (string, error) { return c.r.DomainSnapshotGetXMLDesc(s, 0) })
+	if err != nil {
+		return fail(err)
+	}
+	info, err := parseSnapshot(doc)
+	if err != nil {
+		return fail(err)
+	}
+	var flags uint32
+	if info.Memory() {
+		defs, err := snapshotDefinitions(doc)
+		if err != nil {
+			return fail(err)
+		}
+		if len(defs) == 0 {
+			return fail(errors.New("the snapshot keeps no definition to check"))
+		}
+		for _, def := range defs {
+			if err := check(def); err != nil {
+				return fail(fmt.Errorf("refused before reverting anything: %w", err))
+			}
+		}
+		flags = uint32(golibvirt.DomainSnapshotRevertPaused)
+	}
+	if err := do(ctx, func() error { return c.r.DomainRevertToSnapshot(s, flags) }); err != nil {
+		return fail(err)
+	}
+	if !info.Memory() {
+		return nil
+	}
+	live, err := call(ctx, func() (string, error) { return c.r.DomainGetXMLDesc(d, 0) })
+	if err != nil {
+		return fail(fmt.Errorf("reading the paused guest's definition: %w", err))
+	}
+	if err := check(live); err != nil {
+		return fail(fmt.Errorf("the guest it brought back (paused, never resumed): %w", err))
+	}
+	if info.State != StateRunning {
+		return nil
+	}
+	if err := do(ctx, func() error { return c.r.DomainResume(d) }); err != nil {
+		return fail(fmt.Errorf("resuming the checked guest: %w", err))
 	}
 	return nil
 }

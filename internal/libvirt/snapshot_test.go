@@ -54,6 +54,13 @@ func (f *fakeRemote) DomainSnapshotCreateXML(d golibvirt.Domain, xml string, fla
 		x.State = "running"
 	}
 	x.CreationTime = "1764687845"
+	// libvirt keeps the definition the domain has now (the live one).
+	if def, ok := f.domXML[d.Name]; ok {
+		x.Domain = &libvirtxml.Domain{}
+		if err := x.Domain.Unmarshal(def); err != nil {
+			return golibvirt.DomainSnapshot{}, lvErr(golibvirt.ErrXMLError, err.Error())
+		}
+	}
 	if n := len(f.snaps[d.Name]); n > 0 {
 		x.Parent = &libvirtxml.DomainSnapshotParent{Name: f.snaps[d.Name][n-1].name}
 	}
@@ -108,10 +115,11 @@ func (f *fakeRemote) DomainSnapshotIsCurrent(s golibvirt.DomainSnapshot, _ uint3
 	return 0, nil
 }
 
-func (f *fakeRemote) DomainRevertToSnapshot(s golibvirt.DomainSnapshot, _ uint32) error {
+func (f *fakeRemote) DomainRevertToSnapshot(s golibvirt.DomainSnapshot, flags uint32) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.log("DomainRevertToSnapshot")
+	f.revertFlags = flags
 	_, x := f.findSnap(s.Dom.Name, s.Name)
 	if x == nil {
 		return lvErr(golibvirt.ErrNoDomainSnapshot, "no snapshot")
@@ -122,7 +130,30 @@ func (f *fakeRemote) DomainRevertToSnapshot(s golibvirt.DomainSnapshot, _ uint32
 	f.domains[s.Dom.Name] = golibvirt.DomainShutoff
 	if strings.Contains(x.xml, "<state>running</state>") {
 		f.domains[s.Dom.Name] = golibvirt.DomainRunning
+		if flags&uint32(golibvirt.DomainSnapshotRevertPaused) != 0 {
+			f.domains[s.Dom.Name] = golibvirt.DomainPaused
+		}
 	}
+	// The definition libvirt runs is the snapshot's, unless the test
+	// says libvirt brings back another.
+	var snap libvirtxml.DomainSnapshot
+	if err := snap.Unmarshal(x.xml); err == nil && snap.Domain != nil {
+		f.domXML[s.Dom.Name], _ = snap.Domain.Marshal()
+	}
+	if f.revertedXML != "" {
+		f.domXML[s.Dom.Name] = f.revertedXML
+	}
+	return nil
+}
+
+func (f *fakeRemote) DomainResume(d golibvirt.Domain) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.log("DomainResume")
+	if f.domains[d.Name] != golibvirt.DomainPaused {
+		return lvErr(golibvirt.ErrOperationInvalid, "domain is not paused")
+	}
+	f.domains[d.Name] = golibvirt.DomainRunning
 	return nil
 }
 
@@ -276,19 +307,31 @@ func TestClientSnapshots(t *testing.T) {
 		list[1].State != StateShutoff || list[1].Memory() || list[1].Parent != "one" {
 		t.Errorf("Snapshots = %+v", list)
 	}
-	if err := c.RevertSnapshot(ctx, dom, "one"); err != nil {
+	var checked int
+	check := func(doc string) error {
+		checked++
+		want, err := BuildDomain(testParams())
+		if err != nil {
+			return err
+		}
+		return CheckDevices(doc, testParams(), want)
+	}
+	if err := c.RevertSnapshot(ctx, dom, "one", check); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := c.State(ctx, dom); st != StateRunning {
 		t.Errorf("after reverting to a running snapshot the domain is %s", st)
 	}
+	if checked != 2 || f.revertFlags != uint32(golibvirt.DomainSnapshotRevertPaused) {
+		t.Errorf("checked %d definitions (want the snapshot's and the live one), reverted with flags %d (want paused)", checked, f.revertFlags)
+	}
 	for _, tc := range []struct {
 		what string
 		err  error
 	}{
-		{"revert", c.RevertSnapshot(ctx, dom, "nope")},
+		{"revert", c.RevertSnapshot(ctx, dom, "nope", check)},
 		{"delete", c.DeleteSnapshot(ctx, dom, "nope")},
-		{"revert on a missing domain", c.RevertSnapshot(ctx, "abox-nope", "one")},
+		{"revert on a missing domain", c.RevertSnapshot(ctx, "abox-nope", "one", check)},
 	} {
 		if !errors.Is(tc.err, ErrNotFound) {
 			t.Errorf("%s of a missing snapshot = %v, want ErrNotFound", tc.what, tc.err)
@@ -319,5 +362,80 @@ func TestClientCreateSnapshotRollsBack(t *testing.T) {
 	}
 	if got := strings.Join(f.calls, " "); !strings.HasSuffix(got, "DomainSnapshotCreateXML DomainSnapshotDelete") {
 		t.Errorf("calls %s", got)
+	}
+}
+
+// TestClientRevertChecksBeforeTheGuestRuns: a memory snapshot whose kept
+// definition is refused reverts nothing; one whose live definition
+// (libvirt's, after the revert) is refused stays paused, never resumed;
+// a disk-only snapshot needs no check and starts nothing.
+func TestClientRevertChecksBeforeTheGuestRuns(t *testing.T) {
+	ctx := context.Background()
+	refuse := func(bad string) func(string) error {
+		return func(doc string) error {
+			if strings.Contains(doc, bad) {
+				return errors.New("refused " + bad)
+			}
+			return nil
+		}
+	}
+
+	c, f, dom := snapClient(t, golibvirt.DomainRunning)
+	if _, err := c.CreateSnapshot(ctx, dom, "warm", ""); err != nil {
+		t.Fatal(err)
+	}
+	f.calls = nil
+	err := c.RevertSnapshot(ctx, dom, "warm", refuse("serial.log"))
+	if err == nil || !strings.Contains(err.Error(), "refused before reverting anything") {
+		t.Errorf("RevertSnapshot = %v, want the kept definition refused", err)
+	}
+	if strings.Contains(strings.Join(f.calls, " "), "DomainRevertToSnapshot") {
+		t.Errorf("reverted although the kept definition was refused: %v", f.calls)
+	}
+
+	f.revertedXML = strings.Replace(f.domXML[dom], "</devices>", "<hostdev mode='subsystem' type='pci'/></devices>", 1)
+	err = c.RevertSnapshot(ctx, dom, "warm", refuse("hostdev"))
+	if err == nil || !strings.Contains(err.Error(), "paused, never resumed") {
+		t.Errorf("RevertSnapshot = %v, want the live definition refused", err)
+	}
+	if st, _ := c.State(ctx, dom); st != StatePaused || strings.Contains(strings.Join(f.calls, " "), "DomainResume") {
+		t.Errorf("a refused guest is %s (calls %v), want paused and never resumed", st, f.calls)
+	}
+	f.revertedXML = ""
+
+	if err := c.RevertSnapshot(ctx, dom, "warm", nil); err == nil {
+		t.Error("a revert without a check ran")
+	}
+
+	f.domains[dom] = golibvirt.DomainShutoff
+	if _, err := c.CreateSnapshot(ctx, dom, "cold", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RevertSnapshot(ctx, dom, "cold", refuse("domain")); err != nil {
+		t.Errorf("a disk-only revert was checked: %v", err)
+	}
+	if f.revertFlags != 0 {
+		t.Errorf("a disk-only revert had flags %d (paused would start the guest)", f.revertFlags)
+	}
+}
+
+// TestSnapshotDefinitions: both definitions a snapshot keeps come out as
+// libvirt wrote them, the inactive one renamed <domain>.
+func TestSnapshotDefinitions(t *testing.T) {
+	doc := `<domainsnapshot><name>x</name><state>running</state>
+<domain type='kvm'><name>abox-dev</name><devices><serial type='pty'/></devices></domain>
+<inactiveDomain type='kvm'><name>abox-dev</name></inactiveDomain>
+<inactiveDomain type='kvm'/></domainsnapshot>`
+	defs, err := snapshotDefinitions(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		`<domain type='kvm'><name>abox-dev</name><devices><serial type='pty'/></devices></domain>`,
+		`<domain type='kvm'><name>abox-dev</name></domain>`,
+		`<domain type='kvm'/>`,
+	}
+	if strings.Join(defs, "\n") != strings.Join(want, "\n") {
+		t.Errorf("definitions\n%s\nwant\n%s", strings.Join(defs, "\n"), strings.Join(want, "\n"))
 	}
 }
