@@ -243,7 +243,7 @@ func TestDomainHardening(t *testing.T) {
 				t.Errorf("vmport = %+v, want off (no VMware backdoor port)", d.Features.VMPort)
 			}
 			// The hardened default must pass the check a user template gets.
-			if err := checkTemplateDomain(&d, p); err != nil {
+			if _, err := checkTemplate(s, p); err != nil {
 				t.Errorf("the default domain fails the template check: %v", err)
 			}
 		})
