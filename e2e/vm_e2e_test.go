@@ -600,9 +600,16 @@ func (s *suite) restoreNWFilter(t *testing.T, name string) {
 type nsRunner struct{ s *suite }
 
 func (r nsRunner) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	return r.RunInput(ctx, nil, name, args...)
+}
+
+func (r nsRunner) RunInput(ctx context.Context, input []byte, name string, args ...string) ([]byte, error) {
 	cmd := r.s.env.NetCommand(ctx, name, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if input != nil {
+		cmd.Stdin = bytes.NewReader(input)
+	}
 	if err := cmd.Run(); err != nil {
 		return stdout.Bytes(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}

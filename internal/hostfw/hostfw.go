@@ -29,6 +29,9 @@ import (
 // that "rule absent" (exit status 1) can be told from real failures.
 type Runner interface {
 	Run(ctx context.Context, name string, args ...string) ([]byte, error)
+	// RunInput is Run with input on the program's standard input (what
+	// iptables-restore reads its transaction from).
+	RunInput(ctx context.Context, input []byte, name string, args ...string) ([]byte, error)
 }
 
 // ExecRunner runs programs on the host with os/exec.
@@ -36,10 +39,18 @@ type ExecRunner struct{}
 
 // Run runs name with args; a failure wraps the *exec.ExitError and carries
 // the program's standard error.
-func (ExecRunner) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
+func (r ExecRunner) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	return r.RunInput(ctx, nil, name, args...)
+}
+
+// RunInput is Run with input on the program's standard input.
+func (ExecRunner) RunInput(ctx context.Context, input []byte, name string, args ...string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if input != nil {
+		cmd.Stdin = bytes.NewReader(input)
+	}
 	if err := cmd.Run(); err != nil {
 		return stdout.Bytes(), fmt.Errorf("running %s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
@@ -347,6 +358,22 @@ func (f *Firewall) output(ctx context.Context, tool string, args ...string) ([]b
 	return f.run.Run(ctx, tool, append([]string{"-w", "10", "-t", Table}, args...)...)
 }
 
+// restore applies lines (iptables-restore's syntax, without the table
+// and COMMIT lines) to the table of tool as one transaction: they take
+// effect together or not at all, so no packet sees a state in between. A
+// -D in it names its rule by specification, never by number. --noflush
+// keeps every other rule of the table (without it iptables-restore
+// replaces the whole table); a ":CHAIN" line creates the chain or, with
+// --noflush, empties it. With the legacy backend iptables-restore holds
+// the xtables lock from reading the table to committing it; with
+// nf_tables the kernel refuses a batch built on a ruleset that changed
+// meanwhile, and iptables-restore builds it again.
+func (f *Firewall) restore(ctx context.Context, tool string, lines []string) error {
+	script := "*" + Table + "\n" + strings.Join(lines, "\n") + "\nCOMMIT\n"
+	_, err := f.run.RunInput(ctx, []byte(script), tool+"-restore", "-w", "10", "--noflush")
+	return err
+}
+
 // chainRules returns the rules of chain as -S prints them (without the
 // -N line), or ok=false if the chain does not exist.
 func (f *Firewall) chainRules(ctx context.Context, tool, chain string) (rules []string, ok bool, err error) {
@@ -411,24 +438,8 @@ func (f *Firewall) Ensure(ctx context.Context, b Bridge) error {
 				return fmt.Errorf("ensuring %s chain %s: %w", tool, c.name, err)
 			}
 			for _, j := range c.jumps {
-				first, present, err := f.jumpFirst(ctx, tool, j)
-				if err != nil {
+				if err := f.placeJump(ctx, tool, j); err != nil {
 					return fmt.Errorf("ensuring %s %s: %w", tool, j.what, err)
-				}
-				if first {
-					continue
-				}
-				// Inserted at the top: an accepting rule someone else
-				// puts in the built-in chain must not come first. A
-				// jump that was pushed down is inserted again before the
-				// old one goes, so the chain is never skipped meanwhile.
-				if err := f.ipt(ctx, tool, append([]string{"-I"}, j.rule...)...); err != nil {
-					return fmt.Errorf("ensuring %s %s: %w", tool, j.what, err)
-				}
-				for range present {
-					if err := f.deleteLast(ctx, tool, j); err != nil {
-						return fmt.Errorf("ensuring %s %s: %w", tool, j.what, err)
-					}
 				}
 			}
 		}
@@ -471,68 +482,53 @@ func (f *Firewall) jumpFirst(ctx context.Context, tool string, j jump) (first bo
 	return first, present, nil
 }
 
-// deleteLast deletes the lowest copy of j from its built-in chain.
-func (f *Firewall) deleteLast(ctx context.Context, tool string, j jump) error {
-	rules, _, err := f.chainRules(ctx, tool, j.rule[0])
-	if err != nil {
-		return err
-	}
-	var rs []string
-	for _, r := range rules {
-		if !strings.HasPrefix(r, "-P ") {
-			rs = append(rs, r)
+// placeAttempts bounds placeJump's transactions: one fails only when the
+// jump's copies changed between the listing and the commit (another abox
+// process repairing the same jump), and the next looks again.
+const placeAttempts = 3
+
+// placeJump makes j the one copy of itself in its built-in chain, in the
+// block of abox jumps at the top. Every copy is deleted by specification
+// and one is inserted at the top, in one transaction: the chain is never
+// without the jump, and no rule is deleted by its number, which another
+// process inserting into the shared chain between the listing and the
+// change (another instance's start or remove, an administrator, this
+// instance's guard during its start) would make another rule's.
+func (f *Firewall) placeJump(ctx context.Context, tool string, j jump) error {
+	for attempt := 1; ; attempt++ {
+		first, present, err := f.jumpFirst(ctx, tool, j)
+		if err != nil || first && present == 1 {
+			return err
+		}
+		lines := make([]string, 0, present+1)
+		for range present {
+			lines = append(lines, "-D "+strings.Join(j.rule, " "))
+		}
+		lines = append(lines, "-I "+j.rule[0]+" 1 "+strings.Join(j.rule[1:], " "))
+		if err = f.restore(ctx, tool, lines); err == nil || attempt == placeAttempts {
+			return err
 		}
 	}
-	for i := len(rs) - 1; i >= 0; i-- {
-		if rs[i] == j.spec() {
-			return f.ipt(ctx, tool, "-D", j.rule[0], strconv.Itoa(i+1))
-		}
-	}
-	return nil
 }
 
-// ensureChain makes the chain exist and hold exactly c.rules(). The
-// leading rules that are already right are kept; at the first one that is
-// not, DROP is put in first, then everything after that DROP is deleted,
-// and only then are the missing wanted rules inserted in front of the
-// DROP, in order. So a tampered chain (say an ACCEPT added) never lets
-// through more than the wanted rules do at any moment of the repair, and
-// replies on connections already open keep flowing when the conntrack rule
-// at the top is intact.
+// ensureChain makes the chain exist and hold exactly c.rules(). A chain
+// that does not is written whole in one transaction (created if missing,
+// else emptied, then filled): a tampered chain goes from what it held to
+// the wanted rules at once, never letting through more than either, and
+// no rule is deleted or inserted by a number read before (another Ensure
+// of the same bridge, the guard's during a start, cannot make it take the
+// wrong rule).
 func (f *Firewall) ensureChain(ctx context.Context, tool string, c chainSpec) error {
 	have, ok, err := f.chainRules(ctx, tool, c.name)
 	if err != nil {
 		return err
 	}
-	if !ok {
-		if err := f.ipt(ctx, tool, "-N", c.name); err != nil {
-			return fmt.Errorf("creating: %w", err)
-		}
-	}
 	want := c.rules()
-	if slices.Equal(have, want) {
+	if ok && slices.Equal(have, want) {
 		return nil
 	}
-	drop := want[len(want)-1]
-	k := 0 // have[:k] == want[:k], and want[k:] still includes the DROP
-	for k < len(have) && k < len(c.returns) && have[k] == want[k] {
-		k++
-	}
-	if k == len(have) || have[k] != drop {
-		if err := f.ipt(ctx, tool, append([]string{"-I", c.name, strconv.Itoa(k + 1)}, dropSpec...)...); err != nil {
-			return fmt.Errorf("adding drop rule: %w", err)
-		}
-		have = slices.Insert(have, k, drop)
-	}
-	for range have[k+1:] {
-		if err := f.ipt(ctx, tool, "-D", c.name, strconv.Itoa(k+2)); err != nil {
-			return fmt.Errorf("deleting foreign rule: %w", err)
-		}
-	}
-	for i := k; i < len(c.returns); i++ {
-		if err := f.ipt(ctx, tool, append([]string{"-I", c.name, strconv.Itoa(i + 1)}, c.returns[i]...)...); err != nil {
-			return fmt.Errorf("adding rule %q: %w", want[i], err)
-		}
+	if err := f.restore(ctx, tool, append([]string{":" + c.name + " - [0:0]"}, want...)); err != nil {
+		return fmt.Errorf("writing its rules: %w", err)
 	}
 	return nil
 }

@@ -21,7 +21,11 @@ import (
 type nsRunner struct{ ns string }
 
 func (r nsRunner) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
-	return ExecRunner{}.Run(ctx, "ip", append([]string{"netns", "exec", r.ns, name}, args...)...)
+	return r.RunInput(ctx, nil, name, args...)
+}
+
+func (r nsRunner) RunInput(ctx context.Context, input []byte, name string, args ...string) ([]byte, error) {
+	return ExecRunner{}.RunInput(ctx, input, "ip", append([]string{"netns", "exec", r.ns, name}, args...)...)
 }
 
 // recorder remembers the commands it passes on.
@@ -33,6 +37,11 @@ type recorder struct {
 func (r *recorder) Run(ctx context.Context, name string, args ...string) ([]byte, error) {
 	r.cmds = append(r.cmds, name+" "+strings.Join(args, " "))
 	return r.Runner.Run(ctx, name, args...)
+}
+
+func (r *recorder) RunInput(ctx context.Context, input []byte, name string, args ...string) ([]byte, error) {
+	r.cmds = append(r.cmds, name+" "+strings.Join(args, " ")+" <<EOF\n"+string(input)+"EOF")
+	return r.Runner.RunInput(ctx, input, name, args...)
 }
 
 // TestE2EInNamespace applies the chains with the real iptables and

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"regexp"
-	"strconv"
 	"strings"
 
 	"github.com/abox-dev/abox/internal/validate"
@@ -141,14 +140,8 @@ func (f *Firewall) EnsurePort(ctx context.Context, p Port) error {
 			return fmt.Errorf("ensuring %s's port: %s chain %s missing (%v): run Ensure first", tap.Name, tool, ChainName(p.Bridge), err)
 		}
 		for _, j := range drops {
-			first, _, err := f.jumpFirst(ctx, tool, j)
-			if err != nil {
+			if err := f.placeJump(ctx, tool, j); err != nil {
 				return fmt.Errorf("ensuring %s %s: %w", tool, j.what, err)
-			}
-			if !first {
-				if err := f.ipt(ctx, tool, append([]string{"-I"}, j.rule...)...); err != nil {
-					return fmt.Errorf("ensuring %s %s: %w", tool, j.what, err)
-				}
 			}
 		}
 		if err := f.removeStaleTapDrops(ctx, tool, p.Bridge, tap.Name); err != nil {
@@ -168,37 +161,25 @@ func (f *Firewall) EnsurePort(ctx context.Context, p Port) error {
 
 // removeStaleTapDrops deletes the drop jumps into the bridge's FORWARD
 // chain for interfaces other than the bridge and keep (taps of the
-// guest's earlier runs), and the copies of keep's below its first. They
-// go by rule number, from the bottom up: deleting by specification would
-// take the first copy, the one to keep.
+// guest's earlier runs; keep's own copies are placeJump's). Each goes by
+// specification, never by rule number: the built-in chains are shared,
+// and a rule another process inserts between the listing and the delete
+// would shift the numbers onto a rule not abox's. All copies of a stale
+// drop are alike, so whichever -D takes is right; one already gone
+// (another abox process removed it) is no error.
 func (f *Firewall) removeStaleTapDrops(ctx context.Context, tool, bridge, keep string) error {
 	for _, builtin := range []string{"INPUT", "FORWARD"} {
 		rules, _, err := f.chainRules(ctx, tool, builtin)
 		if err != nil {
 			return err
 		}
-		var rs []string
 		for _, r := range rules {
-			if !strings.HasPrefix(r, "-P ") {
-				rs = append(rs, r)
-			}
-		}
-		seen := false
-		var stale []int // rule numbers, ascending
-		for i, r := range rs {
 			w := strings.Fields(r)
-			if len(w) != 6 || w[2] != "-i" || w[4] != "-j" || w[5] != ChainName(bridge) || w[3] == bridge {
+			if len(w) != 6 || w[0] != "-A" || w[1] != builtin || w[2] != "-i" || w[4] != "-j" || w[5] != ChainName(bridge) || w[3] == bridge || w[3] == keep {
 				continue
 			}
-			if w[3] == keep && !seen {
-				seen = true
-				continue
-			}
-			stale = append(stale, i+1)
-		}
-		for i := len(stale) - 1; i >= 0; i-- {
-			if err := f.ipt(ctx, tool, "-D", builtin, strconv.Itoa(stale[i])); err != nil {
-				return fmt.Errorf("removing %s rule %q: %w", tool, rs[stale[i]-1], err)
+			if err := f.ipt(ctx, tool, append([]string{"-D"}, w[1:]...)...); err != nil && !absent(err) {
+				return fmt.Errorf("removing %s rule %q: %w", tool, r, err)
 			}
 		}
 	}
