@@ -64,7 +64,9 @@ external data file). Settings that widen the sandbox beyond a fresh
 ` + "`abox create`" + ` (an allowlist, MITM off or exceptions, private ranges, extra
 ports, other resolvers, an upstream proxy or CA, a domain template, more CPUs,
 memory or disk) are listed and need --trust. The network (subnet, bridge, MAC)
-is allocated fresh. A failed import leaves nothing behind.`,
+is allocated fresh. An upstream proxy's credentials file is a path on the
+exporting host and is never read: name this host's with
+--upstream-proxy-credentials. A failed import leaves nothing behind.`,
 		Example: `  abox import dev.abox --name dev2
   abox import dev.abox --name dev2 --trust`,
 		Args: exactArgs(1, "an archive FILE"),
@@ -96,5 +98,6 @@ is allocated fresh. A failed import leaves nothing behind.`,
 	}
 	cmd.Flags().StringVar(&o.Name, "name", "", "name of the new instance (default: the archive's)")
 	cmd.Flags().BoolVar(&o.Trust, "trust", false, "accept the archive's settings that widen the sandbox (they are listed without it)")
+	cmd.Flags().StringVar(&o.UpstreamProxyCredentials, "upstream-proxy-credentials", "", "FILE on this host holding the archive's upstream proxy's USER:PASSWORD (the archive's own path, one on the exporting host, is never read)")
 	return cmd
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -54,7 +56,7 @@ func NewParentProxy(rawURL, credentialsFile string) (*ParentProxy, error) {
 	}
 	p := &ParentProxy{Addr: u.Host}
 	if credentialsFile != "" {
-		b, err := os.ReadFile(credentialsFile)
+		b, err := readCredentials(credentialsFile)
 		if err != nil {
 			return nil, fmt.Errorf("upstream proxy credentials: %w", err)
 		}
@@ -65,6 +67,33 @@ func NewParentProxy(rawURL, credentialsFile string) (*ParentProxy, error) {
 		p.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(cred))
 	}
 	return p, nil
+}
+
+// MaxCredentialsBytes bounds the credentials file: one USER:PASSWORD line.
+const MaxCredentialsBytes = 4096
+
+// readCredentials reads the credentials file, a regular file of at most
+// MaxCredentialsBytes: the path comes from abox.yaml or a flag, and a
+// device (/dev/zero) or a FIFO must fail at once, not fill memory or hang.
+func readCredentials(path string) ([]byte, error) {
+	fh, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	if fi, err := fh.Stat(); err != nil {
+		return nil, err
+	} else if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file: put USER:PASSWORD on one line in a file", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(fh, MaxCredentialsBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > MaxCredentialsBytes {
+		return nil, fmt.Errorf("%s is over %d bytes: want one line USER:PASSWORD", path, MaxCredentialsBytes)
+	}
+	return b, nil
 }
 
 // DialContext implements Dialer: address must be an IP:PORT (what the

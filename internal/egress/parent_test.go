@@ -13,7 +13,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/abox-dev/abox/internal/netclass"
 )
@@ -175,6 +177,14 @@ func TestParentProxyRefusals(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad")
 	os.WriteFile(bad, []byte("no-colon\n"), 0o600)
+	// One line USER:PASSWORD, but far longer than any credentials: an
+	// abox.yaml's credentials_file may name any host file.
+	huge := filepath.Join(dir, "huge")
+	os.WriteFile(huge, []byte("u:"+strings.Repeat("p", MaxCredentialsBytes)+"\n"), 0o600)
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct{ url, cred, want string }{
 		{"http://u:p@proxy:3128", "", "do not belong in the URL"},
 		{"https://proxy:3128", "", "want http://HOST:PORT"},
@@ -185,9 +195,20 @@ func TestParentProxyRefusals(t *testing.T) {
 		{"http://proxy:99999", "", "PORT 1-65535"},
 		{"http://proxy:3128", filepath.Join(dir, "missing"), "credentials"},
 		{"http://proxy:3128", bad, "USER:PASSWORD"},
+		{"http://proxy:3128", huge, "over 4096 bytes"},
+		{"http://proxy:3128", fifo, "not a regular file"},
+		{"http://proxy:3128", dir, "not a regular file"},
 	} {
-		if _, err := NewParentProxy(tc.url, tc.cred); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("NewParentProxy(%q, %q) = %v, want %q", tc.url, tc.cred, err, tc.want)
+		// A FIFO nobody writes to must fail at once, not hang.
+		done := make(chan error, 1)
+		go func() { _, err := NewParentProxy(tc.url, tc.cred); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("NewParentProxy(%q, %q) = %v, want %q", tc.url, tc.cred, err, tc.want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("NewParentProxy(%q, %q) still reading after 10s", tc.url, tc.cred)
 		}
 	}
 }

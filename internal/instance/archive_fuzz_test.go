@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/abox-dev/abox/internal/archive"
@@ -13,8 +14,8 @@ import (
 
 // FuzzImportedState feeds an archive's state (as the manifest carries it)
 // to the import's decoding and checks. Whatever passes names no host
-// path but the new instance's own files (and a credentials path only with
-// an upstream proxy, which the trust list then shows), carries no fresh
+// path but the new instance's own files (never a credentials path: that
+// is this host's, a flag's), no /0 range, carries no fresh
 // field over, uses abox's proxy port, and holds only printable strings
 // where abox shows them.
 func FuzzImportedState(f *testing.F) {
@@ -38,7 +39,7 @@ func FuzzImportedState(f *testing.F) {
 				has[e] = true
 			}
 		}
-		st, err := importedState(&Manager{Layout: l}, src, "imported", has)
+		st, err := importedState(&Manager{Layout: l}, src, "imported", has, "")
 		if err != nil {
 			if bytes.Equal(data, good) && carried {
 				t.Fatalf("the seed of a good state is refused: %v", err)
@@ -51,8 +52,13 @@ func FuzzImportedState(f *testing.F) {
 				t.Fatalf("%s %q kept; want the instance's own %s", p.what, p.got, p.want)
 			}
 		}
-		if st.UpstreamProxyCredentials != "" && st.UpstreamProxy == "" {
-			t.Fatalf("credentials path %q without a proxy", st.UpstreamProxyCredentials)
+		if st.UpstreamProxyCredentials != "" {
+			t.Fatalf("credentials path %q taken from the archive", st.UpstreamProxyCredentials)
+		}
+		for _, p := range append(slices.Clone(st.AllowPrivate), st.AllowHost...) {
+			if p.Bits() == 0 || p != p.Masked() {
+				t.Fatalf("range %s accepted", p)
+			}
 		}
 		if st.UpstreamProxy != "" && len(ImportWidenings(st, nil)) == 0 {
 			t.Fatal("an upstream proxy that the trust list does not show")

@@ -128,6 +128,17 @@ func fullSpec(t *testing.T) Spec {
 	}
 }
 
+// hostCredentials writes the importing host's proxy credentials file, the
+// one fullSpec's archive needs (--upstream-proxy-credentials).
+func hostCredentials(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "this-host-creds")
+	if err := os.WriteFile(p, []byte("u2:p2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // writeBundleFile writes a bundle below a top directory, as upstream's
 // tarball is (so the state's Prefix is set too).
 func writeBundleFile(t *testing.T, dir string) string {
@@ -199,12 +210,19 @@ func TestExportImportKeepsEverySetting(t *testing.T) {
 		t.Errorf("export left %v next to the archive", ents)
 	}
 
+	// The credentials file is a path on the exporting host: the import
+	// never reads it and asks for this host's.
+	creds := hostCredentials(t)
+	if _, _, err := r.m.Import(ctx, out, ImportOptions{Name: "dev2", Trust: true}); err == nil || !strings.Contains(err.Error(), "--upstream-proxy-credentials FILE") || !strings.Contains(err.Error(), src.UpstreamProxyCredentials) {
+		t.Fatalf("import of an archive whose proxy took credentials, without this host's = %v", err)
+	}
+	assertNothingLeft(t, r, "dev2")
 	var we *WideningError
-	if _, _, err := r.m.Import(ctx, out, ImportOptions{Name: "dev2"}); !errors.As(err, &we) {
+	if _, _, err := r.m.Import(ctx, out, ImportOptions{Name: "dev2", UpstreamProxyCredentials: creds}); !errors.As(err, &we) {
 		t.Fatalf("import without --trust of a widening archive = %v", err)
 	}
 	assertNothingLeft(t, r, "dev2")
-	got, _, err := r.m.Import(ctx, out, ImportOptions{Name: "dev2", Trust: true})
+	got, _, err := r.m.Import(ctx, out, ImportOptions{Name: "dev2", Trust: true, UpstreamProxyCredentials: creds})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,6 +240,7 @@ func TestExportImportKeepsEverySetting(t *testing.T) {
 		wv.FieldByName(name).Set(gv.FieldByName(name))
 	}
 	want.UpstreamCA, want.Kernel, want.Initrd = filepath.Join(f2.Dir, "upstream-ca.pem"), f2.Kernel, f2.Initrd
+	want.UpstreamProxyCredentials = creds
 	if !reflect.DeepEqual(got, want) {
 		a, _ := json.MarshalIndent(got, "", " ")
 		b, _ := json.MarshalIndent(want, "", " ")
@@ -271,7 +290,7 @@ func TestExportImportKeepsEverySetting(t *testing.T) {
 	}
 
 	// The archive's name is taken: the error names --name.
-	if _, _, err := r.m.Import(ctx, out, ImportOptions{Trust: true}); err == nil || !strings.Contains(err.Error(), "--name") {
+	if _, _, err := r.m.Import(ctx, out, ImportOptions{Trust: true, UpstreamProxyCredentials: creds}); err == nil || !strings.Contains(err.Error(), "--name") {
 		t.Errorf("import over an existing name = %v, want a refusal naming --name", err)
 	}
 }
@@ -290,7 +309,7 @@ func TestImportNeedsNoBase(t *testing.T) {
 	}
 	b := newRig(t)
 	b.m.Images, b.m.Run = bootImages{}, qemuRun{}
-	st, _, err := b.m.Import(ctx, out, ImportOptions{Trust: true})
+	st, _, err := b.m.Import(ctx, out, ImportOptions{Trust: true, UpstreamProxyCredentials: hostCredentials(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,6 +490,13 @@ func TestImportRefusesHostileContent(t *testing.T) {
 		{"bad upstream", setState("upstreams", []string{"resolver.example.com;rm"}), nil, "upstream"},
 		{"upstream proxy host with a right-to-left override", setState("upstream_proxy", "http://proxy\u202eexample:3128"), nil, "HOST an IP address or a DNS name"},
 		{"credentials without proxy", setState("upstream_proxy_credentials", "/etc/shadow"), nil, "credentials without an upstream proxy"},
+		{"credentials flag without proxy", nil, nil, "the archive's instance has no upstream proxy"},
+		// The ranges create's flags refuse, and the warning they give.
+		{"allow_private of every IPv4 address", setState("allow_private", []string{"0.0.0.0/0"}), nil, `allow_private "0.0.0.0/0": a /0 would permit every address`},
+		{"allow_private of every IPv6 address", setState("allow_private", []string{"::/0"}), nil, `allow_private "::/0": a /0 would permit every address`},
+		{"allow_host of every address", setState("allow_host", []string{"::/0", "0.0.0.0/0"}), nil, `allow_host "0.0.0.0/0": a /0`},
+		{"allow_private wider than a site", setState("allow_private", []string{"10.0.0.0/8"}), nil, "allow_private 10.0.0.0/8 is wider than a /16"},
+		{"allow_host wider than a site", setState("allow_host", []string{"fd00::/8"}), nil, "allow_host fd00::/8 is wider than a /48"},
 		{"missing ssh key", nil, func(n string, b []byte) (string, []byte) {
 			if n == archive.SSHKey {
 				return "", nil
@@ -506,7 +532,15 @@ func TestImportRefusesHostileContent(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			evil := rewrap(t, good, c.editState, c.edit)
-			_, _, err := r.m.Import(ctx, evil, ImportOptions{Name: "dev2"})
+			o := ImportOptions{Name: "dev2"}
+			if c.name == "credentials flag without proxy" {
+				o.UpstreamProxyCredentials = hostFile
+			}
+			_, _, err := r.m.Import(ctx, evil, o)
+			if err == nil {
+				// Not to fail the cases after this one on the name.
+				r.m.Remove(ctx, "dev2", true)
+			}
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("import = %v, want a refusal containing %q", err, c.want)
 			}
@@ -570,7 +604,7 @@ func TestImportRefusesABadUpstreamCA(t *testing.T) {
 		}
 		return n, b
 	})
-	if _, _, err := r.m.Import(ctx, evil, ImportOptions{Name: "dev2", Trust: true}); err == nil || !strings.Contains(err.Error(), "holds no PEM certificate") {
+	if _, _, err := r.m.Import(ctx, evil, ImportOptions{Name: "dev2", Trust: true, UpstreamProxyCredentials: hostCredentials(t)}); err == nil || !strings.Contains(err.Error(), "holds no PEM certificate") {
 		t.Fatalf("import = %v", err)
 	}
 	assertNothingLeft(t, r, "dev2")

@@ -33,6 +33,11 @@ type ImportOptions struct {
 	// Trust accepts settings that widen the sandbox beyond a fresh create
 	// (see WideningError); without it such an archive is refused.
 	Trust bool
+	// UpstreamProxyCredentials is this host's USER:PASSWORD file for the
+	// archive's upstream proxy. The archive's own path (one on the
+	// exporting host) is never used: an archive whose proxy took
+	// credentials needs this.
+	UpstreamProxyCredentials string
 }
 
 // WideningError refuses an archive whose settings widen the sandbox
@@ -95,7 +100,7 @@ func (m *Manager) Import(ctx context.Context, file string, o ImportOptions) (st 
 	for _, f := range man.Files {
 		has[f.Name] = true
 	}
-	if st, err = importedState(m, src, name, has); err != nil {
+	if st, err = importedState(m, src, name, has, o.UpstreamProxyCredentials); err != nil {
 		return State{}, nil, fmt.Errorf("importing %s: %w", file, err)
 	}
 	f := m.Layout.Instance(name)

@@ -25,6 +25,7 @@ import (
 	"github.com/abox-dev/abox/internal/config"
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/fsutil"
+	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/paths"
 	"github.com/abox-dev/abox/internal/termtext"
 	"github.com/abox-dev/abox/internal/validate"
@@ -33,8 +34,10 @@ import (
 // importedState is src as the new instance name: the fresh fields zero
 // (allocated later) or new, the paths it names rewritten to the new
 // instance's own files, every value checked as create checks its flags.
-// has is the set of entries the archive carries.
-func importedState(m *Manager, src State, name string, has map[string]bool) (State, error) {
+// has is the set of entries the archive carries; creds is this host's
+// credentials file for the archive's upstream proxy (--upstream-proxy-
+// credentials), never a path the archive names.
+func importedState(m *Manager, src State, name string, has map[string]bool, creds string) (State, error) {
 	st := src
 	st.Name, st.UUID, st.CreatedAt = name, newUUID(), time.Now().UTC()
 	st.Subnet, st.Gateway, st.GuestIP, st.Bridge, st.MAC = netip.Prefix{}, netip.Addr{}, netip.Addr{}, "", ""
@@ -102,19 +105,47 @@ func importedState(m *Manager, src State, name string, has map[string]bool) (Sta
 			errs = append(errs, fmt.Errorf("upstream %q: want IP or IP:PORT", u))
 		}
 	}
-	if st.UpstreamProxy != "" {
-		if _, err := egress.NewParentProxy(st.UpstreamProxy, ""); err != nil {
+	// The ranges create's flags take (netclass.ParsePermit, as --allow-
+	// private and --allow-host): a /0 is refused; a wide range's warning
+	// comes with the trust list (ImportWidenings).
+	for _, pp := range []struct {
+		key string
+		ps  *[]netip.Prefix
+	}{{"allow_private", &st.AllowPrivate}, {"allow_host", &st.AllowHost}} {
+		ps, _, err := checkPermits(pp.key, *pp.ps)
+		if err != nil {
 			errs = append(errs, err)
 		}
-		if c := st.UpstreamProxyCredentials; c != "" && !filepath.IsAbs(c) {
-			errs = append(errs, fmt.Errorf("upstream proxy credentials %q: want an absolute path", c))
+		*pp.ps = ps
+	}
+	// The credentials file is a path on the exporting host: it is never
+	// read here (it could name any file of this host, whose first line
+	// would then go to the archive's proxy). The archive only tells that
+	// its proxy took credentials; this host's file is the user's choice.
+	carried := src.UpstreamProxyCredentials
+	st.UpstreamProxyCredentials = ""
+	if st.UpstreamProxy != "" {
+		if carried != "" && creds == "" {
+			errs = append(errs, fmt.Errorf("the upstream proxy took its credentials from %s on the exporting host, which an import never reads: name this host's file with --upstream-proxy-credentials FILE", termtext.Clean(carried)))
 		}
-	} else if st.UpstreamProxyCredentials != "" {
+		if creds != "" {
+			abs, err := filepath.Abs(creds)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			st.UpstreamProxyCredentials = abs
+		}
+		if _, err := egress.NewParentProxy(st.UpstreamProxy, st.UpstreamProxyCredentials); err != nil {
+			errs = append(errs, err)
+		}
+	} else if carried != "" {
 		errs = append(errs, errors.New("upstream proxy credentials without an upstream proxy"))
+	} else if creds != "" {
+		errs = append(errs, errors.New("--upstream-proxy-credentials: the archive's instance has no upstream proxy"))
 	}
 	// Strings abox shows later (status, messages) must not steer a
 	// terminal; the rest are checked above or are the template's XML.
-	texts := []struct{ what, s string }{{"kernel command line", st.Cmdline}, {"upstream proxy credentials", st.UpstreamProxyCredentials}}
+	texts := []struct{ what, s string }{{"kernel command line", st.Cmdline}, {"upstream proxy credentials", carried}}
 	if b := st.MonitorBundle; b != nil {
 		texts = append(texts, struct{ what, s string }{"monitor bundle source", b.Source})
 		if len(b.SHA256) != 64 || strings.Trim(b.SHA256, "0123456789abcdef") != "" {
@@ -153,15 +184,42 @@ func ImportWidenings(st State, allow []allowlist.Entry) []config.Widening {
 			c.UpstreamProxy = u
 		}
 	}
+	_, c.Warnings, _ = checkPermits("allow_private", st.AllowPrivate)
 	out := c.Widenings()
 	if len(st.AllowHost) > 0 {
 		var s []string
 		for _, p := range st.AllowHost {
 			s = append(s, p.String())
 		}
-		out = append(out, config.Widening{Key: "allow_host", Why: "lets the guest reach host addresses " + strings.Join(s, ", ")})
+		why := "lets the guest reach host addresses " + strings.Join(s, ", ")
+		_, warnings, _ := checkPermits("allow_host", st.AllowHost)
+		for _, w := range warnings {
+			why += " (warning: " + w + ")"
+		}
+		out = append(out, config.Widening{Key: "allow_host", Why: why})
 	}
 	return out
+}
+
+// checkPermits parses an archive's ranges as create parses its flags'
+// (netclass.ParsePermit): it returns them normalized, with the warnings of
+// those wider than a site, or an error naming each that create refuses.
+func checkPermits(key string, ps []netip.Prefix) ([]netip.Prefix, []string, error) {
+	var out []netip.Prefix
+	var warnings []string
+	var errs []error
+	for _, p := range ps {
+		q, w, err := netclass.ParsePermit(key, p.String())
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, q)
+		if w != "" {
+			warnings = append(warnings, w)
+		}
+	}
+	return out, warnings, errors.Join(errs...)
 }
 
 // checkTrust refuses st unless it widens nothing or the user trusts it.
