@@ -71,7 +71,9 @@ func saveBinding(l paths.Layout, name string, bd binding) error {
 	if err != nil {
 		return err
 	}
-	return fsutil.WriteFileAtomic(filepath.Join(l.InstanceDir(name), bindingFile), append(b, '\n'), 0o644)
+	// Private, as every file of the instance directory (instance/perms.go):
+	// it names the abox.yaml, and so where the user's projects live.
+	return fsutil.WriteFileAtomic(filepath.Join(l.InstanceDir(name), bindingFile), append(b, '\n'), instance.PrivateFile)
 }
 
 // ErrNotThisProject means the instance exists but another file, or no

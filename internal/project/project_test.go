@@ -124,6 +124,28 @@ func TestUpAndDownNeverTakeOverAnotherInstance(t *testing.T) {
 	}
 }
 
+// TestBindingIsPrivate: project.json is 0600 like every file of the
+// instance directory, also when it replaces one an older abox wrote 0644.
+func TestBindingIsPrivate(t *testing.T) {
+	l := paths.Layout{Root: t.TempDir()}
+	saveState(t, l, instance.State{Name: "dev", Base: "debian-12", CPUs: 2})
+	file := filepath.Join(l.InstanceDir("dev"), bindingFile)
+	for _, old := range []bool{false, true} {
+		if old {
+			if err := os.WriteFile(file, []byte("{}\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			os.Chmod(file, 0o644)
+		}
+		if err := saveBinding(l, "dev", binding{File: "/src/abox.yaml"}); err != nil {
+			t.Fatal(err)
+		}
+		if fi, err := os.Stat(file); err != nil || fi.Mode().Perm() != instance.PrivateFile {
+			t.Fatalf("project.json (over an old one: %v) is %v, %v; want 0600", old, fi.Mode().Perm(), err)
+		}
+	}
+}
+
 // TestUpRefusesBeforeMakingAnything: an untrusted widening file and a
 // setting this abox cannot honour fail before any instance exists.
 func TestUpRefusesBeforeMakingAnything(t *testing.T) {
