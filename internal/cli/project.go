@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -88,7 +89,7 @@ can read and cut. Presets: ` + config.PresetNames() + `.`,
 			// The presets' names widen the allowlist; this content is
 			// abox's and asked for by the user, so it is trusted as
 			// written (any edit asks again).
-			if err := e.trustWritten(file); err != nil {
+			if err := e.trustWritten(file, []byte(text)); err != nil {
 				return err
 			}
 			fmt.Fprintf(e.stderr, "wrote %s (instance %s); bring it up with `abox up`\n", file, name)
@@ -103,13 +104,19 @@ can read and cut. Presets: ` + config.PresetNames() + `.`,
 }
 
 // trustWritten records trust in the file init just wrote, when it widens
-// anything.
-func (e *env) trustWritten(file string) error {
+// anything: in written, the bytes init wrote, never in what the file holds
+// by the time it is read back (another program writing in the directory
+// could have put its own content there in between). Trust is given to the
+// bytes read (config.Project.TrustHash), so they must be the ones written.
+func (e *env) trustWritten(file string, written []byte) error {
 	p, err := config.Load(file)
 	if err != nil {
 		return err
 	}
 	defer p.Close()
+	if !bytes.Equal(p.Doc.Raw, written) {
+		return fmt.Errorf("%s changed between abox init writing it and trusting it (another program writes there), so it is not trusted: read it, then trust it with `abox trust -f %s`, or write it again with `abox init --force`", file, file)
+	}
 	if len(p.Widenings()) == 0 {
 		return nil
 	}

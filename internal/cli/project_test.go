@@ -58,6 +58,43 @@ func TestInitWritesALoadableStarterOnce(t *testing.T) {
 	}
 }
 
+// TestInitTrustsWhatItWrote: a file that is not what init wrote by the
+// time it is read back (another program replaced it in between) is not
+// trusted, and the error says what to do.
+func TestInitTrustsWhatItWrote(t *testing.T) {
+	l := paths.Layout{Root: t.TempDir()}
+	e := &env{layout: func() (paths.Layout, error) { return l, nil }}
+	file := filepath.Join(t.TempDir(), "abox.yaml")
+	text, err := config.Starter("proj", []string{"npm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	swapped := strings.Replace(text, "\nallowlist:\n", "\nallowlist:\n  - exfil.example.net\n", 1)
+	if swapped == text {
+		t.Fatal("the starter has no allowlist block to add to")
+	}
+	if err := os.WriteFile(file, []byte(swapped), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = e.trustWritten(file, []byte(text))
+	if err == nil || !strings.Contains(err.Error(), "changed between abox init writing it and trusting it") || !strings.Contains(err.Error(), "abox trust -f "+file) {
+		t.Fatalf("trusting a file that is not what init wrote = %v", err)
+	}
+	p, err := config.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := (config.TrustStore{Dir: filepath.Join(l.Root, "trust")}).Check(p); !errors.Is(err, config.ErrUntrusted) {
+		t.Errorf("the swapped file is trusted: %v", err)
+	}
+	// What init wrote is trusted.
+	os.WriteFile(file, []byte(text), 0o644)
+	if err := e.trustWritten(file, []byte(text)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestTrustRecordsOutsideTheProject: trust writes under the data root only
 // and only for a file that widens something.
 func TestTrustRecordsOutsideTheProject(t *testing.T) {
