@@ -62,8 +62,8 @@ writes, regular files of the sizes its manifest gives, a manifest of a version
 this abox reads, and a standalone qcow2 or raw disk (no backing file, no
 external data file). Settings that widen the sandbox beyond a fresh
 ` + "`abox create`" + ` (an allowlist, MITM off or exceptions, private ranges, extra
-ports, other resolvers, an upstream proxy or CA, a domain template, more CPUs,
-memory or disk) are listed and need --trust. The network (subnet, bridge, MAC)
+ports, other resolvers, an upstream proxy or CA, a domain template, the monitor,
+more CPUs, memory or disk) are listed and need --trust. The network (subnet, bridge, MAC)
 is allocated fresh. An upstream proxy's credentials file is a path on the
 exporting host and is never read: name this host's with
 --upstream-proxy-credentials. A failed import leaves nothing behind.`,

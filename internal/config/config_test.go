@@ -101,9 +101,35 @@ forwards: ["8080:80", "5173:5173"]
 	for _, w := range c.Widenings() {
 		keys = append(keys, w.Key)
 	}
-	want := "allowlist cpus memory disk overrides.libvirt.template allow_private ports mode mitm.enabled mitm.exceptions dns.upstreams upstream_proxy.url upstream_ca forwards"
+	want := "allowlist cpus memory disk overrides.libvirt.template allow_private ports mode mitm.enabled mitm.exceptions dns.upstreams upstream_proxy.url upstream_ca monitor.enabled provision.overlay forwards"
 	if strings.Join(keys, " ") != want {
 		t.Errorf("widenings = %q, want %q", keys, want)
+	}
+}
+
+// TestKeysThatReachMoreNeedTrust: an overlay copies the project's files
+// (untracked ones, .git) into the guest, another base is any installed
+// image, and the monitor adds a channel from the guest to the host.
+func TestKeysThatReachMoreNeedTrust(t *testing.T) {
+	for _, tc := range []struct{ src, key, why string }{
+		{"provision: {overlay: .}", "provision.overlay", "the whole project directory into the guest, untracked files and .git included"},
+		{"provision: {overlay: ./}", "provision.overlay", "the whole project directory"},
+		{"provision: {overlay: setup}", "provision.overlay", "copies setup into the guest, untracked files in it too"},
+		{"base: old-image", "base", "the installed image old-image instead of debian-12"},
+		{"monitor: {enabled: true}", "monitor.enabled", "a channel from the guest to a host process"},
+		{"monitor: {bundle: release}", "monitor.bundle", "a channel from the guest to a host process"},
+	} {
+		c, err := parse(t, "version: 1\nname: dev\n"+tc.src+"\n")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w := c.Widenings(); len(w) != 1 || w[0].Key != tc.key || !strings.Contains(w[0].Why, tc.why) {
+			t.Errorf("%s: widenings %v, want %s: ...%s...", tc.src, w, tc.key, tc.why)
+		}
+	}
+	// The default base and no monitor, restated, need none.
+	if c, err := parse(t, "version: 1\nname: dev\nbase: debian-12\nmonitor: {enabled: false}\n"); err != nil || len(c.Widenings()) != 0 {
+		t.Errorf("restated defaults: %v, %v", c.Widenings(), err)
 	}
 }
 

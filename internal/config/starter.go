@@ -79,7 +79,8 @@ version: 1
 # The instance name (letters, digits, '-', '_').
 name: %s
 
-# Base image (abox base list), and the guest's size (more than these: trust).
+# Base image (abox base list; another than debian-12: trust), and the
+# guest's size (more than these: trust).
 base: debian-12
 cpus: 2
 memory: 1024          # MiB
@@ -118,7 +119,7 @@ accel: auto           # kvm, tcg or auto
 # Extra roots the proxy trusts for origin TLS, a PEM file here (trust).
 # upstream_ca: certs/corp-root.pem
 
-# Runtime monitor in the guest.
+# Runtime monitor in the guest (trust: a channel from the guest to the host).
 # monitor:
 #   enabled: false
 #   # Tetragon for the guest: a bundle file here (upstream's linux-tarball
@@ -132,6 +133,8 @@ accel: auto           # kvm, tcg or auto
 
 # Run on the first ` + "`abox up`" + ` (and ` + "`abox up --provision`" + `), as root, in active mode:
 # the overlay directory is copied into the guest's /, then the scripts run in order.
+# An overlay needs trust: every file in it goes to the guest, untracked ones too
+# (name a directory of its own, never "." with its .env and .git).
 # provision:
 #   overlay: overlay
 #   scripts: [setup.sh]

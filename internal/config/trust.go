@@ -61,6 +61,12 @@ func (c Config) widenings(allow []string) []Widening {
 	if c.DiskGiB > DefaultDiskGiB {
 		add("disk", "lets the guest fill %d GiB of the host's disk (default %d)", c.DiskGiB, DefaultDiskGiB)
 	}
+	// Another base is any image installed on this host, with whatever
+	// software, accounts or keys it holds (an empty Base is an imported
+	// instance's, whose disk the archive carries).
+	if c.Base != "" && c.Base != DefaultBase {
+		add("base", "boots the guest from the installed image %s instead of %s: any image on this host, with what it holds", c.Base, DefaultBase)
+	}
 	if c.Template != "" {
 		add("overrides.libvirt.template", "replaces the hardened libvirt domain with %s", c.Template)
 	}
@@ -105,6 +111,24 @@ func (c Config) widenings(allow []string) []Widening {
 	}
 	if c.UpstreamCA != "" {
 		add("upstream_ca", "makes the proxy trust the roots in %s for origin TLS", c.UpstreamCA)
+	}
+	if c.Monitor {
+		// A virtio-serial channel that a host process reads: the guest
+		// writes to it what it likes.
+		key := "monitor.enabled"
+		if c.MonitorBundle != "" {
+			key = "monitor.bundle"
+		}
+		add(key, "adds a channel from the guest to a host process (abox's monitor reads what the guest sends on it)")
+	}
+	if c.Overlay != "" {
+		// The directory's files as they are when provisioning runs,
+		// untracked ones too: nothing of it is part of the trust hash.
+		if c.Overlay == "." {
+			add("provision.overlay", "copies the whole project directory into the guest, untracked files and .git included (a .env, .git/config with a token): the guest holds what they hold")
+		} else {
+			add("provision.overlay", "copies %s into the guest, untracked files in it too: the guest holds what they hold", c.Overlay)
+		}
 	}
 	if len(c.Forwards) > 0 {
 		// A host program that connects to one of these ports (a database

@@ -525,6 +525,7 @@ func TestImportRefusesHostileContent(t *testing.T) {
 			return n, b
 		}, "allowlist.txt:1"},
 		{"widening settings", setState("no_mitm", true), nil, "mitm.enabled"},
+		{"the monitor's channel", setState("monitor", true), nil, "monitor.enabled: adds a channel from the guest to a host process"},
 
 		{"terminal escapes in the kernel command line", setState("cmdline", "console=ttyS0 \x1b]0;owned\a"), nil, "kernel command line"},
 	}

@@ -172,6 +172,10 @@ func ImportWidenings(st State, allow []allowlist.Entry) []config.Widening {
 		CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, DiskGiB: st.DiskGiB, Allowlist: allow,
 		Ports: st.Ports, AllowPrivate: st.AllowPrivate, NoMITM: st.NoMITM, MITMExceptions: st.MITMExceptions,
 		Upstreams: st.Upstreams, ProxyCredentials: st.UpstreamProxyCredentials,
+		Monitor: st.Monitor,
+	}
+	if st.MonitorBundle != nil {
+		c.MonitorBundle = "the archive's " + archive.MonitorBundle
 	}
 	if st.Template != "" {
 		c.Template = "the archive's domain template"

@@ -155,6 +155,9 @@ func TestUpRefusesBeforeMakingAnything(t *testing.T) {
 		{"version: 1\nname: dev\nallow_private: [10.0.0.0/8]\n", "not trusted"},
 		{"version: 1\nname: dev\nallowlist: [exfil.example.net]\n", "allowlist: lets the guest reach 1 name(s): exfil.example.net"},
 		{"version: 1\nname: dev\nmitm: {enabled: false}\n", "mitm.enabled: turns TLS interception off"},
+		{"version: 1\nname: dev\nprovision: {overlay: .}\n", "provision.overlay: copies the whole project directory into the guest"},
+		{"version: 1\nname: dev\nmonitor: {enabled: true}\n", "monitor.enabled: adds a channel from the guest"},
+		{"version: 1\nname: dev\nbase: other-image\n", "base: boots the guest from the installed image other-image"},
 	} {
 		p := loadProject(t, tc.yaml, map[string]string{})
 		_, err := Up(context.Background(), d, p, UpOptions{})
