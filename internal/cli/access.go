@@ -23,7 +23,7 @@ func (e *env) access() (guest.Access, error) {
 	if err != nil {
 		return guest.Access{}, err
 	}
-	exe, err := os.Executable()
+	exe, err := executable()
 	if err != nil {
 		return guest.Access{}, err
 	}

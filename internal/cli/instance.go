@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -429,7 +428,7 @@ func newDaemonCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			exe, err := os.Executable()
+			exe, err := executable()
 			if err != nil {
 				return err
 			}

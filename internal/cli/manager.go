@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/abox-dev/abox/internal/cloudinit"
+	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/guest"
 	"github.com/abox-dev/abox/internal/hostfw"
 	"github.com/abox-dev/abox/internal/image"
@@ -42,7 +43,7 @@ func (e *env) manager(ctx context.Context) (*instance.Manager, func(), error) {
 		return nil, nil, withHint(err,
 			"start libvirtd (`libvirtd -d` with virtlogd, or `make deps` to install it) and run abox as root")
 	}
-	exe, err := os.Executable()
+	exe, err := executable()
 	if err != nil {
 		hv.Close()
 		return nil, nil, err
@@ -93,7 +94,31 @@ func (e *env) readManager(ctx context.Context) (*instance.Manager, func(), error
 	if lerr != nil {
 		return nil, nil, lerr
 	}
+	exe, xerr := executable()
+	if xerr != nil {
+		return nil, nil, xerr
+	}
 	fmt.Fprintf(e.stderr, "warning: %v; live status unknown\n", err)
-	exe, _ := os.Executable()
 	return &instance.Manager{Layout: l, Daemon: &instance.ProcessDaemon{Layout: l, Exe: exe}}, func() {}, nil
+}
+
+// osExecutable is os.Executable (tests stand in another binary).
+var osExecutable = os.Executable
+
+// executable is abox's own binary, checked before abox runs it again: the
+// libvirt hook runs it as root from libvirtd, the filter and monitor
+// supervisors and the detached helpers as this user, every time. A binary
+// that another user could change or swap (owned by them, writable by its
+// group or others, in such a directory) would be their way to run code as
+// root.
+func executable() (string, error) {
+	exe, err := osExecutable()
+	if err != nil {
+		return "", err
+	}
+	if err := fsutil.CheckExecutable(exe, os.Geteuid()); err != nil {
+		return "", withHint(fmt.Errorf("abox runs itself again from %s (the libvirt hook as root, the filter and monitor supervisors), and %w: whoever can change it would run code as this user", exe, err),
+			"install it owned by root and writable by root alone, such as `install -o root -g root -m 0755 bin/abox /usr/local/bin/abox`, and run that one")
+	}
+	return exe, nil
 }

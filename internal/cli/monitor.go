@@ -53,7 +53,7 @@ func (e *env) monitorAgentInBackground(m *instance.Manager, name string, timeout
 	if err != nil || !st.Monitor {
 		return
 	}
-	exe, err := os.Executable()
+	exe, err := executable()
 	if err == nil {
 		err = instance.Detach(m.Layout, m.Layout.Instance(name).MonitorAgentLog, exe, "monitor", "agent", name, "--timeout", timeout.String())
 	}
@@ -410,7 +410,7 @@ func newMonitorSuperviseCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			exe, err := os.Executable()
+			exe, err := executable()
 			if err != nil {
 				return err
 			}

@@ -82,3 +82,43 @@ func Reserve(dir string) int64 {
 	}
 	return max(1<<30, int64(st.Blocks)*st.Bsize/20)
 }
+
+// CheckExecutable refuses to let a process of euid run path (after its
+// symbolic links) unless the file is a regular file owned by root or euid
+// and writable by neither its group nor others, and every directory above
+// it is owned by root or euid and writable by neither its group nor others
+// (unless sticky, as /tmp is: there only an entry's owner may replace it).
+// Anyone else who could write the file or swap it would have their code
+// run with euid's rights, root's for abox.
+func CheckExecutable(path string, euid int) error {
+	resolved, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return err
+	}
+	for p := resolved; ; p = filepath.Dir(p) {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return fmt.Errorf("%s: no owner to check", p)
+		}
+		what := "the directory " + p + " above it"
+		if p == resolved {
+			what = p
+			if !fi.Mode().IsRegular() {
+				return fmt.Errorf("%s is not a regular file", p)
+			}
+		}
+		if uid := int(st.Uid); uid != 0 && uid != euid {
+			return fmt.Errorf("%s is owned by uid %d, not by root or uid %d", what, uid, euid)
+		}
+		if fi.Mode().Perm()&0o022 != 0 && (p == resolved || fi.Mode()&os.ModeSticky == 0) {
+			return fmt.Errorf("%s is writable by its group or others (mode %v)", what, fi.Mode().Perm())
+		}
+		if p == filepath.Dir(p) {
+			return nil
+		}
+	}
+}
