@@ -123,7 +123,7 @@ func (w waitFlags) waitReady(cmd *cobra.Command, e *env, m *instance.Manager, na
 	fmt.Fprintf(e.stderr, "waiting for %s: ssh and cloud-init (up to %s)\n", name, w.timeout)
 	b, err := m.WaitReady(cmd.Context(), name, w.timeout)
 	if err != nil {
-		return withHint(err, fmt.Sprintf("the guest keeps running: see its console with `tail -f %s`, retry with a longer --timeout, or stop it with `abox stop --force %s`", m.Layout.Instance(name).SerialLog, name))
+		return withHint(err, fmt.Sprintf("the guest keeps running: see its console with `tail -f %s | cat -v` (cat -v shows the guest's control bytes instead of sending them to the terminal), retry with a longer --timeout, or stop it with `abox stop --force %s`", m.Layout.Instance(name).SerialLog, name))
 	}
 	fmt.Fprintf(e.stderr, "%s is ready: ssh answered %s and cloud-init finished %s after start; connect with `abox ssh %s`\n",
 		name, b.SSHAt.Sub(b.StartedAt).Round(100*time.Millisecond), b.ReadyAfter().Round(100*time.Millisecond), name)
