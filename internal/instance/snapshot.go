@@ -122,9 +122,13 @@ func (m *Manager) Snapshots(ctx context.Context, name string) ([]SnapshotInfo, e
 
 // snapshotSizes reads the saved memory sizes from the overlay's qcow2
 // snapshot table. -U (--force-share) reads it while QEMU holds the image;
-// a failure only loses the figures.
+// a failure only loses the figures. The guest's QEMU can write the
+// overlay: its format is named, never probed (a vmdk descriptor would make
+// qemu-img open the host paths it lists), and the read is bounded in time.
 func (m *Manager) snapshotSizes(ctx context.Context, name string) map[string]uint64 {
-	out, err := m.Run.Run(ctx, "qemu-img", "info", "-U", "--output=json", m.Layout.Instance(name).Disk)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := m.Run.Run(ctx, "qemu-img", "info", "-U", "-f", "qcow2", "--output=json", m.Layout.Instance(name).Disk)
 	if err != nil {
 		return nil
 	}
