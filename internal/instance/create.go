@@ -488,7 +488,23 @@ func readAllowlist(path string) ([]string, error) {
 	return out, nil
 }
 
+// checkSubnet refuses a requested instance subnet that is not a private
+// IPv4 /24 given by its network address: a public range would put the
+// guests on addresses of the internet (and answers from it on the host's
+// bridge), another size breaks the layout of gateway and guest addresses.
+func checkSubnet(p netip.Prefix) error {
+	if !p.Addr().Is4() || p.Bits() != 24 || p.Masked() != p || !p.Addr().IsPrivate() {
+		return fmt.Errorf("subnet %s: want a private IPv4 /24 by its network address (in 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16), such as 10.10.7.0/24; leave --subnet out to pick a free one", p)
+	}
+	return nil
+}
+
 func (m *Manager) allocateSubnet(ctx context.Context, want netip.Prefix) (netip.Prefix, error) {
+	if want.IsValid() {
+		if err := checkSubnet(want); err != nil {
+			return netip.Prefix{}, err
+		}
+	}
 	var used []netip.Prefix
 	others, err := ListStates(m.Layout)
 	if err != nil {
