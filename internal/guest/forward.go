@@ -136,9 +136,7 @@ func (a Access) AddForward(ctx context.Context, t Target, f Forward, running boo
 	name := t.Name()
 	if f.Reverse {
 		a.progress("warning: %s", ReverseWarning)
-	} else if err := validate.ForwardHostPort(f.HostPort); err != nil {
-		return fmt.Errorf("forwarding %s for %s: %w", f, name, err)
-	} else if err := hostPortFree(f.HostPort); err != nil {
+	} else if err := checkHostPort(f); err != nil {
 		return fmt.Errorf("forwarding %s for %s: %w", f, name, err)
 	}
 	err := withRecordLock(a.Layout, name, func() error {
@@ -191,6 +189,17 @@ func (a Access) RemoveForward(ctx context.Context, name string, f Forward) error
 	}
 	a.stopForward(ctx, name, f)
 	return nil
+}
+
+// checkHostPort is the check of a forward's host port, made when it is
+// added and again each time start binds it: the port must be one a
+// forward may take and free on loopback now (a host service may have
+// taken it since).
+func checkHostPort(f Forward) error {
+	if err := validate.ForwardHostPort(f.HostPort); err != nil {
+		return err
+	}
+	return hostPortFree(f.HostPort)
 }
 
 // hostPortFree checks that no host service holds port on loopback. The
@@ -370,13 +379,16 @@ func RunForward(ctx context.Context, t Target, f Forward, log io.Writer) error {
 		return err
 	}
 	return supervise.Run(ctx, supervise.Config{
-		Argv:       append([]string{ssh}, args...),
-		Env:        os.Environ(),
-		Log:        log,
-		What:       "ssh",
-		Attrs:      map[string]string{"forward": f.Describe()},
-		MinBackoff: 500 * time.Millisecond,
-		MaxBackoff: 10 * time.Second,
+		Argv:  append([]string{ssh}, args...),
+		Env:   os.Environ(),
+		Log:   log,
+		What:  "ssh",
+		Attrs: map[string]string{"forward": f.Describe()},
+		// A forward's ssh never outlives its supervisor: a killed
+		// supervisor must not leave a port open to the guest.
+		DieWithParent: true,
+		MinBackoff:    500 * time.Millisecond,
+		MaxBackoff:    10 * time.Second,
 	})
 }
 
@@ -391,6 +403,9 @@ func (a Access) Resume(ctx context.Context, name string) error {
 	for _, f := range fs {
 		if f.Reverse {
 			a.progress("warning: %s: %s", f.Describe(), ReverseWarning)
+		} else if err := checkHostPort(f); err != nil {
+			errs = append(errs, fmt.Errorf("not starting forward %s of %s: %w (remove it with abox forward rm %s %s)", f.Describe(), name, err, name, f))
+			continue
 		}
 		a.progress("forward %s", f.Describe())
 		if err := a.startForward(ctx, name, f, false); err != nil {

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -453,4 +454,31 @@ func freeHostPort(t *testing.T) uint16 {
 	}
 	t.Fatal("no free loopback port")
 	return 0
+}
+
+// TestResumeRechecksHostPorts: start binds a recorded forward's host port
+// again only after the same check as forward add: a port a host service
+// took since is refused with the fix, and no supervisor starts for it.
+func TestResumeRechecksHostPorts(t *testing.T) {
+	tg := testTarget(t)
+	exe := filepath.Join(t.TempDir(), "fake-abox")
+	os.WriteFile(exe, []byte("#!/bin/sh\nsleep 60\n"), 0o755)
+	a := Access{Layout: tg.Layout, Exe: exe}
+	f := Forward{HostPort: freeHostPort(t), GuestPort: 80}
+	if err := a.AddForward(t.Context(), tg, f, false); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(f.HostPort))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	err = a.Resume(t.Context(), "dev")
+	if err == nil || !strings.Contains(err.Error(), "not free") || !strings.Contains(err.Error(), "abox forward rm") {
+		t.Errorf("resume with the host port taken: %v", err)
+	}
+	if pid := a.forwardPID("dev", f); pid != 0 {
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Errorf("a forward supervisor started on a taken host port")
+	}
 }
