@@ -33,11 +33,12 @@ type Hypervisor interface {
 	NWFilter(ctx context.Context, name string) (*libvirtxml.NWFilter, error)
 }
 
-// Firewall checks the host chains of a bridge, and the guest's tap on it
-// (hostfw.Port).
+// Firewall checks the host chains of a bridge, the guest's tap on it
+// (hostfw.Port), and the kernel rules libvirt's nwfilter keeps for a tap.
 type Firewall interface {
 	Check(ctx context.Context, b hostfw.Bridge) (hostfw.Status, error)
 	CheckPort(ctx context.Context, p hostfw.Port) (hostfw.Status, error)
+	CheckNWFilter(ctx context.Context, tap string) (hostfw.Status, error)
 }
 
 // Filters is the instance's local API.
@@ -143,18 +144,23 @@ func nwfilterChecks(ctx context.Context, in Instance, running bool, r *Report) {
 	} else {
 		r.add(Check{Layer: "nwfilter", Name: "persistent definition references it", Status: Pass})
 	}
+	noRules := Check{Layer: "nwfilter", Name: nwfilterRulesCheck, Status: Skip, Detail: "no binding of " + want + " to look at"}
 	if !running {
 		r.add(Check{Layer: "nwfilter", Name: "bound on the live interface", Status: Skip, Detail: "the guest is not running"})
+		noRules.Detail = "the guest is not running"
+		r.add(noRules)
 		return
 	}
 	live, err := in.Hypervisor.DomainNICs(ctx, libvirt.DomainName(st.Name), true)
 	if err != nil {
 		r.add(Check{Layer: "nwfilter", Name: "bound on the live interface", Status: Fail, Detail: err.Error(), Fix: fix})
+		r.add(noRules)
 		return
 	}
 	bindings, err := in.Hypervisor.NWFilterBindings(ctx)
 	if err != nil {
 		r.add(Check{Layer: "nwfilter", Name: "bound on the live interface", Status: Fail, Detail: err.Error(), Fix: fix})
+		r.add(noRules)
 		return
 	}
 	var problems []string
@@ -176,6 +182,7 @@ func nwfilterChecks(ctx context.Context, in Instance, running bool, r *Report) {
 	if len(problems) > 0 {
 		r.add(Check{Layer: "nwfilter", Name: "bound on the live interface", Status: Fail,
 			Detail: strings.Join(problems, "; ") + ": the guest's packets are not filtered", Fix: fix})
+		r.add(noRules)
 		return
 	}
 	devs := make([]string, 0, len(live))
@@ -183,6 +190,39 @@ func nwfilterChecks(ctx context.Context, in Instance, running bool, r *Report) {
 		devs = append(devs, n.Target)
 	}
 	r.add(Check{Layer: "nwfilter", Name: "bound on the live interface", Status: Pass, Detail: strings.Join(devs, ", ") + " → " + want})
+	r.add(nwfilterRules(ctx, in, devs))
+}
+
+const nwfilterRulesCheck = "kernel rules in place"
+
+// nwfilterRules checks that the kernel still holds the rules libvirt made
+// for each binding (hostfw.CheckNWFilter): a flush of ebtables' nat table
+// or iptables' filter table removes them while libvirt keeps listing the
+// binding, so the check above passes and the guest runs without its
+// layer-2 anti-spoofing and the nwfilter's stateful rules.
+func nwfilterRules(ctx context.Context, in Instance, devs []string) Check {
+	c := Check{Layer: "nwfilter", Name: nwfilterRulesCheck}
+	var problems, fixes []string
+	for _, dev := range devs {
+		st, err := in.Firewall.CheckNWFilter(ctx, dev)
+		switch {
+		case err != nil:
+			c.Status, c.Detail, c.Fix = Fail, err.Error(), "run abox doctor as root (it lists ebtables' nat and iptables' filter tables)"
+			return c
+		case !st.Intact():
+			problems = append(problems, st.Problems...)
+			fixes = append(fixes, hostfw.NWFilterFix(dev))
+		}
+	}
+	if len(problems) > 0 {
+		c.Status = Fail
+		c.Detail = strings.Join(problems, "; ") + ": libvirt still lists the binding, but the kernel no longer applies it (a flush of ebtables' nat or iptables' filter table?)"
+		c.Fix = strings.Join(fixes, "; ") + "; or abox restart " + in.State.Name
+		return c
+	}
+	c.Status = Pass
+	c.Detail = "ebtables libvirt-I-/libvirt-O-, iptables and ip6tables FI-/FO-/HI- chains of " + strings.Join(devs, ", ") + " jumped to, ending in DROP"
+	return c
 }
 
 // sameRules compares the rules of two filters as libvirt would apply them.
