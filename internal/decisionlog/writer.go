@@ -241,7 +241,13 @@ func (w *Writer) EmitRefusal(client netip.Addr, reason string, l *Line) {
 // asks first builds no line for a refusal that would not be written; one
 // admitted goes out with Emit.
 func (w *Writer) AdmitRefusal(client netip.Addr, reason string) bool {
-	if w.flood != nil && !w.flood.admit(client, reason, w.now()) {
+	return w.within(w.flood, client, reason)
+}
+
+// within reports whether client's line is within its budget of f (nil:
+// no budget), counting it as suppressed when not.
+func (w *Writer) within(f *flood, client netip.Addr, reason string) bool {
+	if f != nil && !f.admit(client, reason, w.now()) {
 		w.suppressed.Add(1)
 		return false
 	}
@@ -262,11 +268,7 @@ func (w *Writer) EmitLocal(client netip.Addr, reason string, l *Line) {
 
 // AdmitLocal is AdmitRefusal for the lines of EmitLocal.
 func (w *Writer) AdmitLocal(client netip.Addr, reason string) bool {
-	if w.local != nil && !w.local.admit(client, reason, w.now()) {
-		w.suppressed.Add(1)
-		return false
-	}
-	return true
+	return w.within(w.local, client, reason)
 }
 
 // Write queues p, which must be whole lines ending in a newline. It never

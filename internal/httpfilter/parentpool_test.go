@@ -21,34 +21,23 @@ func TestParentProxyConnectionsReused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
 	var connects atomic.Int32
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				req, err := http.ReadRequest(br)
-				if err != nil || req.Method != http.MethodConnect {
-					return
-				}
-				connects.Add(1)
-				up, err := net.Dial("tcp", req.Host)
-				if err != nil {
-					io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\n\r\n")
-					return
-				}
-				defer up.Close()
-				io.WriteString(c, "HTTP/1.1 200 OK\r\n\r\n")
-				go io.Copy(up, br)
-				io.Copy(c, up)
-			}()
+	serveRaw(t, ln, func(c net.Conn, br *bufio.Reader) {
+		req, err := http.ReadRequest(br)
+		if err != nil || req.Method != http.MethodConnect {
+			return
 		}
-	}()
+		connects.Add(1)
+		up, err := net.Dial("tcp", req.Host)
+		if err != nil {
+			io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\n\r\n")
+			return
+		}
+		defer up.Close()
+		io.WriteString(c, "HTTP/1.1 200 OK\r\n\r\n")
+		go io.Copy(up, br)
+		io.Copy(c, up)
+	})
 	pp, err := egress.NewParentProxy("http://"+ln.Addr().String(), "")
 	if err != nil {
 		t.Fatal(err)
