@@ -81,8 +81,9 @@ func newFuzzServerAt(f testing.TB, log io.Writer, now func() time.Time) (*dnsfil
 	rec := &recorder{}
 	var dlog *decisionlog.Writer
 	if log != nil {
-		// Every query must leave its line: no aggregation of refusals here.
-		dlog = decisionlog.New(decisionlog.Config{Sinks: []io.Writer{log}, RefusalsPerClient: -1})
+		// Every query must leave its line: no aggregation of refusals or of
+		// local answers (healthcheck floods fold otherwise) here.
+		dlog = decisionlog.New(decisionlog.Config{Sinks: []io.Writer{log}, RefusalsPerClient: -1, LocalPerClient: -1})
 		f.Cleanup(func() { dlog.Close() })
 	}
 	srv, err := dnsfilter.New(dnsfilter.Config{PacketConn: pc, Policy: pol, Upstream: rec, RateLimit: -1, CacheSize: 100, DecisionLog: dlog, Now: now})
