@@ -1,5 +1,5 @@
 // Package allowlist parses, normalises and matches the per-instance domain allowlist
-// shared by the DNS and HTTP filters.
+// shared by the DNS and HTTP filters, and holds each entry's request rules.
 package allowlist
 
 import (
@@ -13,6 +13,8 @@ import (
 
 	"golang.org/x/net/idna"
 	"golang.org/x/net/publicsuffix"
+
+	"github.com/abox-dev/abox/internal/reqrules"
 )
 
 // Verdict is the outcome of a policy decision.
@@ -65,6 +67,10 @@ type List struct {
 	wild  map[string]string
 	// entries keeps file order for listing; duplicates are dropped.
 	entries []Entry
+	// rules maps an entry's text to its request rules; an entry without
+	// rules is absent (everything on the host). Read-only, nil when no
+	// entry has rules.
+	rules map[string]*reqrules.Set
 }
 
 // LineError is one rejected line.
@@ -97,13 +103,16 @@ func (e *ParseError) Error() string {
 // maxLineErrors bounds the size of a ParseError for a hostile or garbage file.
 const maxLineErrors = 20
 
-// maxLineBytes bounds one line; a DNS name is at most 253 bytes plus "*." and a comment.
+// maxLineBytes bounds one line; a DNS name is at most 253 bytes plus "*."
+// and a comment, a rule's pattern reqrules.MaxPatternBytes.
 const maxLineBytes = 4096
 
-// Parse reads an allowlist. source names the input in errors (usually the file
-// path). If any line is invalid the whole list is rejected with a *ParseError.
+// Parse reads an allowlist: one line per name, or per rule of a name
+// (ParseLine), the lines of one name adding up. source names the input in
+// errors (usually the file path). If any line is invalid the whole list is
+// rejected with a *ParseError.
 func Parse(r io.Reader, source string) (*List, error) {
-	l := newList(0)
+	b := newBuilder(0)
 	var perr ParseError
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1024), maxLineBytes)
@@ -114,15 +123,17 @@ func Parse(r io.Reader, source string) (*List, error) {
 		if text == "" {
 			continue
 		}
-		e, err := ParseEntry(text)
+		ln, err := ParseLine(text)
+		if err == nil {
+			ln.Entry.Line = n
+			err = b.add(ln)
+		}
 		if err != nil {
 			if len(perr.Lines) < maxLineErrors {
 				perr.Lines = append(perr.Lines, &LineError{Source: source, Line: n, Text: text, Err: err})
 			}
 			continue
 		}
-		e.Line = n
-		l.add(e)
 	}
 	if err := sc.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
@@ -134,10 +145,11 @@ func Parse(r io.Reader, source string) (*List, error) {
 	if len(perr.Lines) > 0 {
 		return nil, &perr
 	}
-	return l, nil
+	return b.list(), nil
 }
 
-// New builds a list from entries already parsed with ParseEntry.
+// New builds a list without rules from entries already parsed with
+// ParseEntry; NewLines builds one with rules.
 func New(entries []Entry) *List {
 	l := newList(len(entries))
 	for _, e := range entries {

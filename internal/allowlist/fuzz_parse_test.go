@@ -9,8 +9,9 @@ import (
 // FuzzParse: an allowlist file can be a hostile repository's. Whatever its
 // bytes, Parse refuses it with a bounded list of line errors, or returns
 // entries in normal form (each parses back to itself, Format and Parse give
-// the same list back) that allow exactly what they say: a name the list
-// allows is an exact entry, or strictly below a wildcard entry's name.
+// the same list back, and Text the same lines and rules) that allow exactly
+// what they say: a name the list allows is an exact entry, or strictly below
+// a wildcard entry's name, and its rules are that entry's.
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{
 		"example.com\n*.example.org\n# comment\n  api.example.net  # trailing\n",
@@ -19,6 +20,9 @@ func FuzzParse(f *testing.F) {
 		"*.s3.amazonaws.com\n*.amazonaws.com\n*.kawasaki.jp\n",
 		"a..b\n-a.com\n" + strings.Repeat("a", 5000) + "\n",
 		"a.example.com\r\nb.example.com\x00\n",
+		"api.github.com GET,HEAD /**\napi.github.com POST /repos/acme/app/pulls\nuploads.example.com PUT /incoming/*\n",
+		"github.com GET /*/*/info/refs?service=git-upload-pack\n*.example.org audit\n*.example.org GET /a/**/b\n",
+		"a.example.com\na.example.com GET /\nb.example.com gets /x\nc.example.com GET /a/../b\n",
 	} {
 		f.Add([]byte(s), "x.example.org")
 	}
@@ -48,9 +52,23 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("%q: Format lost %q", b, e)
 			}
 		}
+		// Text renders every line, rules included, and parses back to the
+		// same entries with the same rules.
+		l3, err := Parse(strings.NewReader(l.Text()), "text")
+		if err != nil || l3.Text() != l.Text() {
+			t.Fatalf("%q: Text %q parses as %v, %v", b, l.Text(), l3, err)
+		}
+		for _, e := range l.Entries() {
+			if got, want := l3.Rules(e.String()).String(), l.Rules(e.String()).String(); got != want {
+				t.Fatalf("%q: %s's rules %q come back as %q", b, e, want, got)
+			}
+		}
 		d := l.Match(q)
 		if d.Verdict != Allow {
 			return
+		}
+		if set := l.Rules(d.Rule); set != nil && set.Name() != d.Rule {
+			t.Fatalf("%q allows %q by %q, whose rules are %q's", b, q, d.Rule, set.Name())
 		}
 		n, err := NormalizeName(q)
 		if err != nil {
