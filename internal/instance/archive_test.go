@@ -336,6 +336,68 @@ func TestExportRefusesARunningInstance(t *testing.T) {
 	}
 }
 
+// TestExportFollowsOnlyTheBase: an overlay whose header names another
+// backing file (a host file, another base, the base read as raw) is not
+// exported: qemu-img convert would copy that file into the archive as the
+// guest's disk. A standalone disk (an imported instance's) is exported.
+func TestExportFollowsOnlyTheBase(t *testing.T) {
+	r := archiveRig(t)
+	ctx := context.Background()
+	if _, _, err := r.m.Create(ctx, Spec{Name: "dev", Accel: "tcg", DiskGiB: 1}); err != nil {
+		t.Fatal(err)
+	}
+	disk := r.m.Layout.Instance("dev").Disk
+	base := filepath.Join(r.m.Layout.Images(), "debian-12", image.DiskFile)
+	secret := filepath.Join(t.TempDir(), "host-secret")
+	if err := os.WriteFile(secret, bytes.Repeat([]byte("host secret "), 1<<12), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(t.TempDir(), "other.qcow2")
+	qemu(t, "qemu-img", "create", "-q", "-f", "qcow2", other, "64M")
+	chained := filepath.Join(t.TempDir(), "chained.qcow2")
+	qemu(t, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", secret, chained, "64M")
+	for _, tc := range []struct{ name, backing, format, want string }{
+		{"a host file", secret, "raw", "not its base's disk"},
+		{"another qcow2", other, "qcow2", "not its base's disk"},
+		{"the base read as raw", base, "raw", "not qcow2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			qemu(t, "qemu-img", "rebase", "-u", "-f", "qcow2", "-F", tc.format, "-b", tc.backing, disk)
+			dir := t.TempDir()
+			if _, err := r.m.Export(ctx, "dev", filepath.Join(dir, "dev.abox")); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("export = %v, want %q", err, tc.want)
+			}
+			if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+				t.Errorf("a refused export left %v", ents)
+			}
+		})
+	}
+	t.Run("a base with a chain of its own", func(t *testing.T) {
+		saved, err := os.ReadFile(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.WriteFile(base, saved, 0o644) })
+		qemu(t, "qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "qcow2", "-b", chained, base)
+		qemu(t, "qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "qcow2", "-b", base, disk)
+		if _, err := r.m.Export(ctx, "dev", filepath.Join(t.TempDir(), "dev.abox")); err == nil || !strings.Contains(err.Error(), "a base stands alone") {
+			t.Fatalf("export = %v, want the base's own chain refused", err)
+		}
+	})
+	t.Run("a standalone disk", func(t *testing.T) {
+		qemu(t, "qemu-img", "rebase", "-u", "-f", "qcow2", "-b", "", disk)
+		if _, err := r.m.Export(ctx, "dev", filepath.Join(t.TempDir(), "dev.abox")); err != nil {
+			t.Fatalf("export of a standalone disk: %v", err)
+		}
+	})
+	t.Run("its base", func(t *testing.T) {
+		qemu(t, "qemu-img", "rebase", "-u", "-f", "qcow2", "-F", "qcow2", "-b", base, disk)
+		if _, err := r.m.Export(ctx, "dev", filepath.Join(t.TempDir(), "dev.abox")); err != nil {
+			t.Fatalf("export of an overlay on its base: %v", err)
+		}
+	})
+}
+
 // assertNothingLeft checks that a failed import of name left no instance
 // directory, staging directory, libvirt object or cached bundle.
 func assertNothingLeft(t *testing.T, r *rig, name string) {

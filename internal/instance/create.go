@@ -383,6 +383,13 @@ func (m *Manager) domainXML(st State) (xml, warning string, err error) {
 	return xml, "", err
 }
 
+// BackingPath is the one backing file an instance's overlay may name: the
+// disk of the base it was created on (an imported disk stands alone and
+// names none; the base's path is still the only one allowed).
+func BackingPath(l paths.Layout, st State) string {
+	return filepath.Join(l.Images(), st.Base, image.DiskFile)
+}
+
 // ParamsOf maps state to the libvirt builders' parameters.
 func ParamsOf(l paths.Layout, st State) libvirt.Params {
 	f := l.Instance(st.Name)
@@ -398,6 +405,7 @@ func ParamsOf(l paths.Layout, st State) libvirt.Params {
 		DiskPath:      f.Disk,
 		SeedISOPath:   f.Seed,
 		SerialLogPath: f.SerialLog,
+		BackingPath:   BackingPath(l, st),
 		InstanceDir:   f.Dir,
 		Kernel:        st.Kernel, Initrd: st.Initrd, Cmdline: st.Cmdline,
 		Accel: libvirt.Accel(st.Accel),

@@ -97,6 +97,9 @@ func (m *Manager) Export(ctx context.Context, name, dest string) (res ExportResu
 	if err := os.Chmod(work, PrivateDir); err != nil {
 		return res, fmt.Errorf("exporting %s: %w", name, err)
 	}
+	if err := m.checkOverlay(ctx, st); err != nil {
+		return res, fmt.Errorf("exporting %s: %w", name, err)
+	}
 	disk := filepath.Join(work, archive.DiskQCOW2)
 	m.progress("exporting %s: flattening the disk onto its base (qemu-img convert)", name)
 	stopWatch := m.watchSize(disk, "exporting "+name+": flattened")
@@ -221,4 +224,33 @@ func (m *Manager) watchSize(path, what string) func() {
 		}
 	}()
 	return func() { close(done); <-stopped }
+}
+
+// checkOverlay refuses an overlay whose header names a backing file other
+// than its base's disk (BackingPath): qemu-img convert follows the chain
+// the header names, and would put that host file, read as the guest's
+// disk, into the archive. The base itself stands alone.
+func (m *Manager) checkOverlay(ctx context.Context, st State) error {
+	f := m.Layout.Instance(st.Name)
+	info, err := m.diskInfo(ctx, f.Disk, "qcow2")
+	if err != nil {
+		return fmt.Errorf("reading the disk's header: %w", err)
+	}
+	want := BackingPath(m.Layout, st)
+	switch {
+	case info.BackingFilename == "":
+		return nil // imported: the disk stands alone
+	case info.BackingFilename != want || (info.FullBacking != "" && info.FullBacking != want):
+		return fmt.Errorf("the disk %s names the backing file %q, not its base's disk %s; abox did not write that header, so nothing is exported (see docs/images.md)", f.Disk, info.BackingFilename, want)
+	case info.BackingFormat != "qcow2":
+		return fmt.Errorf("the disk %s reads its base %s as %q, not qcow2; nothing is exported", f.Disk, want, info.BackingFormat)
+	}
+	base, err := m.diskInfo(ctx, want, "qcow2")
+	if err != nil {
+		return fmt.Errorf("reading the base's header: %w", err)
+	}
+	if base.BackingFilename != "" || base.Specific.Data.DataFile != "" {
+		return fmt.Errorf("the base %s names a backing or data file of its own (%q); a base stands alone, so nothing is exported", want, base.BackingFilename+base.Specific.Data.DataFile)
+	}
+	return nil
 }

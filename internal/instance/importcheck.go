@@ -259,15 +259,7 @@ func (m *Manager) checkDisk(ctx context.Context, path, entry string, diskGiB uin
 	if entry == archive.DiskRaw {
 		want = "raw"
 	}
-	// Never probed: a file that probes as vmdk (a text descriptor) makes
-	// qemu-img open the extent paths it names, any host file, device or
-	// FIFO. With -f qemu-img info opens neither a backing nor a data file
-	// (checked in the tests with FIFOs there); the bound is for anything
-	// else. A raw disk is read by its bytes, so "raw" always answers; the
-	// magic check below refuses the format confusion of a qcow2 in it.
-	ictx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	out, err := m.Run.Run(ictx, "qemu-img", "info", "-f", want, "--output=json", path)
+	info, err := m.diskInfo(ctx, path, want)
 	if err != nil {
 		return fmt.Errorf("the disk %s is not a plain %s image: %w", entry, want, err)
 	}
@@ -282,24 +274,6 @@ func (m *Manager) checkDisk(ctx context.Context, path, entry string, diskGiB uin
 		if err == nil && string(magic[:]) == "QFI\xfb" {
 			return fmt.Errorf("the disk %s is a %q image, want plain raw", entry, "qcow2")
 		}
-	}
-	var info struct {
-		Format          string `json:"format"`
-		VirtualSize     int64  `json:"virtual-size"`
-		BackingFilename string `json:"backing-filename"`
-		FullBacking     string `json:"full-backing-filename"`
-		Encrypted       bool   `json:"encrypted"`
-		Snapshots       []struct {
-			Name string `json:"name"`
-		} `json:"snapshots"`
-		Specific struct {
-			Data struct {
-				DataFile string `json:"data-file"`
-			} `json:"data"`
-		} `json:"format-specific"`
-	}
-	if err := json.Unmarshal(out, &info); err != nil {
-		return fmt.Errorf("the disk: reading qemu-img info: %w", err)
 	}
 	switch {
 	case info.Format != want:
@@ -318,6 +292,44 @@ func (m *Manager) checkDisk(ctx context.Context, path, entry string, diskGiB uin
 		return fmt.Errorf("the disk %s is %d bytes, not within the state's %d GiB", entry, info.VirtualSize, diskGiB)
 	}
 	return nil
+}
+
+// diskInfo is what qemu-img reads of a disk's own header, the disk opened
+// as format and never probed: a file that probes as vmdk (a text
+// descriptor) makes qemu-img open the extent paths it names, any host
+// file, device or FIFO. With -f qemu-img info opens neither a backing nor
+// a data file (checked in the tests with FIFOs there); the bound is for
+// anything else. A raw disk is read by its bytes, so "raw" always answers.
+func (m *Manager) diskInfo(ctx context.Context, path, format string) (diskHeader, error) {
+	ictx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var info diskHeader
+	out, err := m.Run.Run(ictx, "qemu-img", "info", "-f", format, "--output=json", path)
+	if err != nil {
+		return info, err
+	}
+	if err := json.Unmarshal(out, &info); err != nil {
+		return info, fmt.Errorf("reading qemu-img info: %w", err)
+	}
+	return info, nil
+}
+
+// diskHeader is the part of `qemu-img info --output=json` abox judges.
+type diskHeader struct {
+	Format          string `json:"format"`
+	VirtualSize     int64  `json:"virtual-size"`
+	BackingFilename string `json:"backing-filename"`
+	FullBacking     string `json:"full-backing-filename"`
+	BackingFormat   string `json:"backing-filename-format"`
+	Encrypted       bool   `json:"encrypted"`
+	Snapshots       []struct {
+		Name string `json:"name"`
+	} `json:"snapshots"`
+	Specific struct {
+		Data struct {
+			DataFile string `json:"data-file"`
+		} `json:"data"`
+	} `json:"format-specific"`
 }
 
 // checkDiskEntry refuses a disk entry, before a byte of it is written,

@@ -54,6 +54,10 @@ type Params struct {
 	DiskPath      string // absolute path of the instance's qcow2 overlay
 	SeedISOPath   string // absolute path of the cloud-init NoCloud ISO
 	SerialLogPath string // absolute path the serial console is written to
+	// BackingPath is the base image's disk the overlay was created on: the
+	// only backing file a definition libvirt reports may name (after a
+	// revert), and the only one export follows. Empty: none.
+	BackingPath string
 
 	// InstanceDir is the instance's directory (absolute). Optional for
 	// the builders; a user template's sockets must lie in its run/
@@ -132,6 +136,7 @@ func (p Params) Validate() error {
 		{"serial log path", p.SerialLogPath, false},
 		{"kernel path", p.Kernel, true},
 		{"initrd path", p.Initrd, true},
+		{"backing path", p.BackingPath, true},
 		{"instance dir", p.InstanceDir, true},
 		{"monitor socket", p.MonitorSocket, true},
 	} {

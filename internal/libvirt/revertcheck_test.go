@@ -134,6 +134,7 @@ func TestCheckDevicesTakesLibvirtsOwn(t *testing.T) {
 	p := testParams()
 	p.Kernel, p.Initrd = "/var/lib/abox/images/debian-12/kernel", "/var/lib/abox/images/debian-12/initrd.img"
 	p.Cmdline = "console=ttyS0 root=/dev/vda rw net.ifnames=0 no_timer_check"
+	p.BackingPath = "/var/lib/abox/images/debian-12/disk.qcow2"
 	want, err := BuildDomain(p)
 	if err != nil {
 		t.Fatal(err)
@@ -146,6 +147,12 @@ func TestCheckDevicesTakesLibvirtsOwn(t *testing.T) {
 	}
 	for _, tc := range []struct{ name, from, to, want string }{
 		{"a backing file chain of another type", "<backingStore type='file' index='3'>", "<backingStore type='block' index='3'>", "<disk><backingStore> attribute 'type'"},
+		// The overlay's header names the backing file: any host file
+		// there is read by the guest as its disk.
+		{"another backing file", "<source file='/var/lib/abox/images/debian-12/disk.qcow2'/>", "<source file='/etc/shadow'/>", "is not the instance's base image"},
+		{"another base's disk", "<source file='/var/lib/abox/images/debian-12/disk.qcow2'/>", "<source file='/var/lib/abox/images/other/disk.qcow2'/>", "is not the instance's base image"},
+		{"the base read as raw", "<format type='qcow2'/>\n        <source file='/var/lib/abox/images/debian-12/disk.qcow2'/>", "<format type='raw'/>\n        <source file='/var/lib/abox/images/debian-12/disk.qcow2'/>", "<format> attribute 'type'"},
+		{"a chain below the base", "<backingStore/>\n      </backingStore>", "<backingStore type='file' index='4'><format type='raw'/><source file='/etc/shadow'/></backingStore>\n      </backingStore>", "<backingStore><backingStore> attribute"},
 		{"the tap on another bridge", "bridge='abx-ef260e9aa3c'", "bridge='virbr0'", "is not the instance's bridge"},
 		{"a static label", "<seclabel type='dynamic'", "<seclabel type='static'", "<seclabel> type 'static' is not allowed"},
 		{"another emulator", "<emulator>/usr/bin/qemu-system-x86_64</emulator>", "<emulator>/tmp/q</emulator>", "is not the host's QEMU"},

@@ -155,12 +155,15 @@ func buildAllowList() *elem {
 	}
 	lifecycle := &elem{text: oneOf("destroy", "restart", "preserve", "rename-restart")}
 
-	// Disks: the overlay and the seed, plain files (see checkDisk).
+	// Disks: the overlay and the seed, plain files (see checkDisk). The
+	// backing chain libvirt reports (what it found in the overlay's
+	// header) is the instance's base and nothing more: the base stands
+	// alone, so its own <backingStore/> is the chain's empty end.
 	backing := &elem{live: true, attrs: attrs{"type": oneOf("file"), "index": num}, kids: kids{
-		"format": {attrs: attrs{"type": oneOf("qcow2", "raw")}},
-		"source": {attrs: attrs{"file": backingFile, "index": num}},
+		"format":       {attrs: attrs{"type": oneOf("qcow2")}},
+		"source":       {attrs: attrs{"file": backingFile, "index": num}},
+		"backingStore": {live: true},
 	}}
-	backing.kids["backingStore"] = backing
 	iotune := kids{"group_name": {text: token}}
 	for _, n := range []string{"total_bytes_sec", "read_bytes_sec", "write_bytes_sec", "total_iops_sec",
 		"read_iops_sec", "write_iops_sec", "size_iops_sec"} {
@@ -577,14 +580,10 @@ func optional(v value) value {
 	}
 }
 
-// backingFile: a backing chain libvirt reports (what it found in the
-// overlay's header) names plain files by clean absolute paths.
-func backingFile(_ *checker, v string) error {
-	if !filepath.IsAbs(v) || filepath.Clean(v) != v {
-		return fmt.Errorf("%q: want a clean absolute path", v)
-	}
-	return nil
-}
+// backingFile: the one backing file an overlay may name is its base's
+// disk (Params.BackingPath); any other is a host file the guest would read.
+var backingFile = hostRole("the instance's base image", "an overlay's only backing file is the disk of the base it was created on",
+	func(p Params) []string { return []string{p.BackingPath} })
 
 func loopback(_ *checker, v string) error {
 	ip, err := netip.ParseAddr(v)
