@@ -82,17 +82,29 @@ func RunFilters(ctx context.Context, l paths.Layout, name string, diag io.Writer
 // daemon (GOMEMLIMIT overrides it): past it the Go runtime collects
 // garbage harder instead of growing, so that one guest's flood, already
 // held to the daemon's connection, request and query caps, costs the host
-// a bounded heap. FiltersNice lowers the daemon's CPU priority, so that a
-// guest keeping its filters busy yields to the host's own work.
+// a bounded heap. FiltersMemoryMax is the hard bound past that: the
+// process's data segment (RLIMIT_DATA: its heap, stacks and every private
+// writable mapping) cannot grow beyond it, so a leak or a flood the soft
+// limit cannot absorb ends the daemon (its supervisor restarts it; the
+// guest's traffic fails closed meanwhile) instead of the host's memory.
+// FiltersNice lowers the daemon's CPU priority, so that a guest keeping
+// its filters busy yields to the host's own work.
 const (
 	FiltersMemoryLimit = 1 << 30
+	FiltersMemoryMax   = 4 << 30
 	FiltersNice        = 5
 )
 
-// boundFilters applies FiltersMemoryLimit and FiltersNice to this process.
+// boundFilters applies FiltersMemoryLimit, FiltersMemoryMax and
+// FiltersNice to this process. Limits already lower are kept.
 func boundFilters() {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(FiltersMemoryLimit)
+	}
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_DATA, &lim); err == nil {
+		lim.Cur, lim.Max = min(lim.Cur, FiltersMemoryMax), min(lim.Max, FiltersMemoryMax)
+		syscall.Setrlimit(syscall.RLIMIT_DATA, &lim)
 	}
 	if cur, err := syscall.Getpriority(syscall.PRIO_PROCESS, 0); err == nil && 20-cur < FiltersNice {
 		// Getpriority returns 20-nice on Linux.
