@@ -384,6 +384,49 @@ func TestVM(t *testing.T) {
 			t.Fatalf("guest unreachable after the MAC test: %v", err)
 		}
 	})
+	t.Run("flushed nwfilter kernel rules are rebuilt by the guard", func(t *testing.T) {
+		ports, err := s.inNS(10*time.Second, "sh", "-c", "ip -o link show master "+dev.Bridge+" | awk -F': ' '{print $2}'")
+		taps := strings.Fields(ports)
+		if err != nil || len(taps) != 1 {
+			t.Fatalf("ports of %s = %q, want the guest's tap alone", dev.Bridge, taps)
+		}
+		tap := strings.SplitN(taps[0], "@", 2)[0]
+		fw := hostfw.New(nsRunner{s})
+		if st, err := fw.CheckNWFilter(s.ctx, tap); err != nil || !st.Intact() {
+			t.Fatalf("nwfilter rules before the flush: %v %v", st.Problems, err)
+		}
+		// libvirt notices nothing of this: without the guard the guest
+		// would run without its layer-2 rules until libvirtd reloads.
+		if out, err := s.inNS(10*time.Second, "ebtables", "-t", "nat", "-F"); err != nil {
+			t.Fatalf("ebtables -t nat -F: %v: %s", err, out)
+		}
+		var st hostfw.Status
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			st, err = fw.CheckNWFilter(s.ctx, tap)
+			if err == nil && st.Intact() || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		if err != nil || !st.Intact() {
+			t.Fatalf("nwfilter rules 30 s after the flush: %v %v; want the guard to have rebuilt them", st.Problems, err)
+		}
+		if log, _ := os.ReadFile(paths.Layout{Root: s.home}.Instance("dev").DaemonLog); !bytes.Contains(log, []byte("nwfilter rules rebuilt")) {
+			t.Errorf("the daemon log does not say the guard rebuilt the rules")
+		}
+		// The rebuilt rules hold: a spoofed source goes nowhere again.
+		spoof := dev.Subnet.Addr().Next().Next().Next().Next().String()
+		s.mustGuest(t, "dev", fmt.Sprintf("sudo ip addr add %s/24 dev %s", spoof, nic))
+		out, err := s.guest("dev", fmt.Sprintf("curl -sS -m 5 --noproxy '' --interface %s -x %s http://allowed.test/ 2>&1", spoof, proxy))
+		s.mustGuest(t, "dev", fmt.Sprintf("sudo ip addr del %s/24 dev %s", spoof, nic))
+		if err == nil || strings.Contains(out, "hello from testorigin") {
+			t.Errorf("request from spoofed IP %s after the rebuild succeeded: %q", spoof, out)
+		}
+		if out := s.mustGuest(t, "dev", "curl -sS -m 20 -x "+proxy+" http://allowed.test/rebuilt"); !strings.Contains(out, "GET /rebuilt") {
+			t.Errorf("proxy after the rebuild = %q", out)
+		}
+	})
 	t.Run("a killed filter process is restarted; egress is blocked meanwhile", func(t *testing.T) {
 		child := s.filterPID(t, dev.Name)
 		// Freeze it first: while it cannot answer, nothing gets out.

@@ -16,8 +16,9 @@ import (
 
 // Guard watches a running instance's host side: its chains (present,
 // exactly as built, jumped to first), bridge netfilter and ARP switches,
-// which anything on the host can undo (an `iptables -F`, a firewall
-// reload, libvirt recreating the bridge). Whatever is missing is put back;
+// and the kernel rules of the nwfilter's binding on the guest's tap, which
+// anything on the host can undo (an `iptables -F`, an `ebtables -t nat -F`,
+// a firewall reload, libvirt recreating the bridge). Whatever is missing is put back;
 // if that fails, the guest's link is taken down, so a guest never runs
 // unguarded. It also keeps the serial log bounded whatever virtlogd is
 // configured to do. It runs inside the instance's supervisor.
@@ -28,6 +29,8 @@ type Guard struct {
 	Firewall interface {
 		Check(ctx context.Context, b hostfw.Bridge) (hostfw.Status, error)
 		Ensure(ctx context.Context, b hostfw.Bridge) error
+		// CheckNWFilter reports the kernel rules of the binding on tap.
+		CheckNWFilter(ctx context.Context, tap string) (hostfw.Status, error)
 	}
 	// Ports checks and repairs the guest's tap: a port of the bridge, and
 	// inert should it ever leave it (a network restart leaves it out:
@@ -36,11 +39,14 @@ type Guard struct {
 		CheckPort(ctx context.Context, p hostfw.Port) (hostfw.Status, error)
 		EnsurePort(ctx context.Context, p hostfw.Port) error
 	}
-	// Hypervisor takes the link down; nil when libvirtd could not be
-	// reached (then a failed repair powers nothing off and is only logged,
-	// loudly, every round).
+	// Hypervisor names the guest's taps, rebuilds the nwfilter binding on
+	// one and takes the link down; nil when libvirtd could not be reached
+	// (then the nwfilter's rules are not checked, and a failed repair
+	// powers nothing off and is only logged, loudly, every round).
 	Hypervisor interface {
 		State(ctx context.Context, name string) (libvirt.DomainState, error)
+		DomainNICs(ctx context.Context, name string, live bool) ([]libvirt.NIC, error)
+		RebindNWFilter(ctx context.Context, portdev string) error
 		SetLinkDown(ctx context.Context, domain, network, filter, mac string) error
 	}
 	Log *slog.Logger
@@ -98,22 +104,24 @@ func (g Guard) Once(ctx context.Context) error {
 	b := FirewallBridge(st)
 	p := hostfw.Port{Bridge: st.Bridge, GuestMAC: st.MAC}
 	status, err := g.check(ctx, b, p)
-	if err == nil && status.Intact() {
-		return logErr
-	}
-	if err == nil {
+	if err == nil && !status.Intact() {
 		g.Log.Warn("host firewall damaged; repairing", "instance", g.Name, "problems", status.Problems)
-	}
-	if err = g.Firewall.Ensure(ctx, b); err == nil && g.Ports != nil {
-		err = g.Ports.EnsurePort(ctx, p)
-	}
-	if err == nil {
-		if status, err = g.check(ctx, b, p); err == nil && !status.Intact() {
-			err = fmt.Errorf("still damaged after repair: %v", status.Problems)
+		if err = g.Firewall.Ensure(ctx, b); err == nil && g.Ports != nil {
+			err = g.Ports.EnsurePort(ctx, p)
+		}
+		if err == nil {
+			if status, err = g.check(ctx, b, p); err == nil && !status.Intact() {
+				err = fmt.Errorf("still damaged after repair: %v", status.Problems)
+			}
+		}
+		if err == nil {
+			g.Log.Info("host firewall repaired", "instance", g.Name)
 		}
 	}
 	if err == nil {
-		g.Log.Info("host firewall repaired", "instance", g.Name)
+		err = g.nwfilterRules(ctx)
+	}
+	if err == nil {
 		return logErr
 	}
 	if g.Hypervisor == nil {
@@ -123,6 +131,46 @@ func (g Guard) Once(ctx context.Context) error {
 		return fmt.Errorf("host firewall of %s cannot be repaired (%w), and taking the link down failed too: %v", g.Name, err, lerr)
 	}
 	return fmt.Errorf("host firewall of %s cannot be repaired (%v): %w until `abox restart %s`", g.Name, err, ErrLinkDown, g.Name)
+}
+
+// nwfilterRules checks the kernel rules of the nwfilter binding on each of
+// the running guest's taps and has libvirt rebuild those that are gone; an
+// error is a binding still without its rules (or one that cannot be
+// looked at), for which Once takes the link down.
+func (g Guard) nwfilterRules(ctx context.Context) error {
+	if g.Hypervisor == nil {
+		return nil
+	}
+	nics, err := g.Hypervisor.DomainNICs(ctx, libvirt.DomainName(g.Name), true)
+	if err != nil {
+		if errors.Is(err, libvirt.ErrNotFound) {
+			return nil // stopped meanwhile
+		}
+		return fmt.Errorf("listing the guest's interfaces: %w", err)
+	}
+	for _, n := range nics {
+		if n.Target == "" {
+			continue
+		}
+		st, err := g.Firewall.CheckNWFilter(ctx, n.Target)
+		if err != nil {
+			return fmt.Errorf("checking the nwfilter's rules on %s: %w", n.Target, err)
+		}
+		if st.Intact() {
+			continue
+		}
+		g.Log.Warn("nwfilter rules gone from the kernel; having libvirt rebuild them", "instance", g.Name, "tap", n.Target, "problems", st.Problems)
+		if err := g.Hypervisor.RebindNWFilter(ctx, n.Target); err != nil {
+			return err
+		}
+		if st, err = g.Firewall.CheckNWFilter(ctx, n.Target); err != nil {
+			return fmt.Errorf("checking the nwfilter's rules on %s: %w", n.Target, err)
+		} else if !st.Intact() {
+			return fmt.Errorf("the nwfilter's rules on %s are still missing after libvirt rebuilt the binding: %v", n.Target, st.Problems)
+		}
+		g.Log.Info("nwfilter rules rebuilt", "instance", g.Name, "tap", n.Target)
+	}
+	return nil
 }
 
 // check is the chains' and switches' status, and the port's.

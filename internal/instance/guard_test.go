@@ -86,6 +86,55 @@ func TestGuardTakesTheLinkDown(t *testing.T) {
 	}
 }
 
+// TestGuardRebuildsFlushedNWFilterRules: the kernel rules of the
+// nwfilter's binding, flushed under a running guest (libvirt notices
+// nothing), are rebuilt by the next round; if they do not come back, the
+// guest's link goes down.
+func TestGuardRebuildsFlushedNWFilterRules(t *testing.T) {
+	r, _ := runningRig(t)
+	dom := libvirt.DomainName("dev")
+	r.hv.taps = map[string][]string{dom: {"vnet7"}}
+	r.fw.flushed = map[string]bool{"vnet7": true}
+	r.hv.rebind = func(tap string) error {
+		r.fw.mu.Lock()
+		defer r.fw.mu.Unlock()
+		delete(r.fw.flushed, tap)
+		return nil
+	}
+	var log bytes.Buffer
+	if err := r.guard(&log).Once(context.Background()); err != nil {
+		t.Fatalf("repair round: %v", err)
+	}
+	calls := strings.Join(r.hv.callList(), " ")
+	if r.fw.flushed["vnet7"] || !strings.Contains(calls, "RebindNWFilter") || !strings.Contains(log.String(), "nwfilter rules rebuilt") {
+		t.Errorf("after a round: flushed %v, calls %v, log %q; want the binding rebuilt", r.fw.flushed, calls, log.String())
+	}
+	if strings.Contains(calls, "SetLinkDown") {
+		t.Errorf("link taken down although the rebuild worked")
+	}
+
+	t.Run("rules that do not come back", func(t *testing.T) {
+		r.fw.flushed = map[string]bool{"vnet7": true}
+		r.hv.rebind = func(string) error { return nil } // libvirt rebuilt nothing
+		r.hv.calls = nil
+		err := r.guard(io.Discard).Once(context.Background())
+		if !errors.Is(err, ErrLinkDown) || !strings.Contains(err.Error(), "still missing") {
+			t.Fatalf("Once = %v, want ErrLinkDown naming the missing rules", err)
+		}
+		if !strings.Contains(strings.Join(r.hv.callList(), " "), "SetLinkDown") {
+			t.Errorf("calls = %v, want SetLinkDown", r.hv.callList())
+		}
+	})
+	t.Run("a rebuild libvirt refuses", func(t *testing.T) {
+		r.fw.flushed = map[string]bool{"vnet7": true}
+		r.hv.rebind = func(string) error { return errors.New("binding lookup failed") }
+		r.hv.calls = nil
+		if err := r.guard(io.Discard).Once(context.Background()); !errors.Is(err, ErrLinkDown) {
+			t.Fatalf("Once = %v, want ErrLinkDown", err)
+		}
+	})
+}
+
 // TestGuardCapsTheSerialLog: a guest flooding its console cannot fill the
 // disk: past the cap the log keeps only its tail.
 func TestGuardCapsTheSerialLog(t *testing.T) {

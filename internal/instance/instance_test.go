@@ -36,6 +36,10 @@ type fakeHV struct {
 	// onRevert, when set, runs as RevertSnapshot begins (to look at the
 	// layers around the guest at that moment).
 	onRevert func()
+	// taps are the running domains' host devices (DomainNICs); rebind,
+	// when set, runs on RebindNWFilter (the fake firewall's rules back).
+	taps   map[string][]string
+	rebind func(tap string) error
 }
 
 func newFakeHV() *fakeHV {
@@ -177,6 +181,29 @@ func (h *fakeHV) SetLinkDown(ctx context.Context, domain, network, filter, mac s
 	return h.call("SetLinkDown")
 }
 
+func (h *fakeHV) DomainNICs(ctx context.Context, name string, live bool) ([]libvirt.NIC, error) {
+	if err := h.call("DomainNICs"); err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []libvirt.NIC
+	for _, t := range h.taps[name] {
+		out = append(out, libvirt.NIC{Target: t})
+	}
+	return out, nil
+}
+
+func (h *fakeHV) RebindNWFilter(ctx context.Context, tap string) error {
+	if err := h.call("RebindNWFilter"); err != nil {
+		return err
+	}
+	if h.rebind != nil {
+		return h.rebind(tap)
+	}
+	return nil
+}
+
 func (h *fakeHV) UndefineDomain(ctx context.Context, name string) error {
 	if err := h.call("UndefineDomain"); err != nil {
 		return err
@@ -210,6 +237,18 @@ type fakeFW struct {
 	// ports are the ports EnsurePort got; failPort makes it fail.
 	ports    []hostfw.Port
 	failPort bool
+	// flushed are the taps whose nwfilter kernel rules are gone.
+	flushed map[string]bool
+}
+
+func (f *fakeFW) CheckNWFilter(ctx context.Context, tap string) (hostfw.Status, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var st hostfw.Status
+	if f.flushed[tap] {
+		st.Problems = append(st.Problems, "ebtables: no jump to libvirt-I-"+tap)
+	}
+	return st, nil
 }
 
 func (f *fakeFW) EnsurePort(ctx context.Context, p hostfw.Port) error {
