@@ -32,12 +32,21 @@ const (
 	HostListen = ":8081"          // a service on every host address, which guests must not reach
 )
 
+// CodeHost is the stand-in code host on the origin: git's smart HTTP
+// (git http-backend, reads and pushes) for the bare repositories in
+// Lab.GitRoot; CodeRepo is one of them, with one commit on main.
+const (
+	CodeHost = "code.test"
+	CodeRepo = "app.git"
+)
+
 // Records answered by both the upstream resolver and the origin's DNS.
 var Records = map[string]string{
 	"allowed.test":     OriginIP,
 	"www.allowed.test": OriginIP,
 	"blocked.test":     OriginIP,
 	"late.test":        OriginIP,
+	CodeHost:           OriginIP,
 	"private.test":     "10.0.0.5",
 	"loop.test":        "127.0.0.1",
 }
@@ -49,6 +58,7 @@ type Lab struct {
 	Bin      string // directory holding abox, fakedns and testorigin
 	Home     string // ABOX_HOME of the lab
 	OriginCA string // PEM of the origin's CA, for --upstream-ca
+	GitRoot  string // the bare repositories CodeHost serves
 
 	procs []*exec.Cmd
 	logf  func(string, ...any)
@@ -148,6 +158,9 @@ func (l *Lab) startOrigin(ctx context.Context) error {
 		}
 	}
 	l.OriginCA = filepath.Join(l.Env.Dir, "origin-ca.pem")
+	if err := l.makeRepo(ctx); err != nil {
+		return err
+	}
 	var names []string
 	var records []string
 	for n, a := range Records {
@@ -157,7 +170,8 @@ func (l *Lab) startOrigin(ctx context.Context) error {
 		}
 	}
 	if err := l.background(ctx, "ip", "netns", "exec", l.OriginNS, filepath.Join(l.Bin, "testorigin"),
-		"--http", OriginIP+":80", "--https", OriginIP+":443", "--names", strings.Join(append(names, OriginIP), ","), "--ca-out", l.OriginCA); err != nil {
+		"--http", OriginIP+":80", "--https", OriginIP+":443", "--names", strings.Join(append(names, OriginIP), ","), "--ca-out", l.OriginCA,
+		"--git-host", CodeHost, "--git-root", l.GitRoot); err != nil {
 		return err
 	}
 	if err := l.background(ctx, append([]string{"ip", "netns", "exec", l.OriginNS, filepath.Join(l.Bin, "fakedns"), "--listen", OriginIP + ":53"}, records...)...); err != nil {
@@ -179,6 +193,36 @@ func (l *Lab) startOrigin(ctx context.Context) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// makeRepo makes CodeRepo under GitRoot: a bare repository with one
+// commit on main that accepts pushes (http.receivepack), so that only
+// the filters stand between a guest and a write.
+func (l *Lab) makeRepo(ctx context.Context) error {
+	l.GitRoot = filepath.Join(l.Env.Dir, "git")
+	src := filepath.Join(l.Env.Dir, "git-src")
+	os.RemoveAll(l.GitRoot)
+	os.RemoveAll(src)
+	git := func(args ...string) error {
+		cmd := exec.CommandContext(ctx, "git", args...)
+		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=lab", "GIT_AUTHOR_EMAIL=lab@code.test", "GIT_COMMITTER_NAME=lab", "GIT_COMMITTER_EMAIL=lab@code.test", "GIT_CONFIG_NOSYSTEM=1", "HOME="+l.Env.Dir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("git %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	bare := filepath.Join(l.GitRoot, CodeRepo)
+	for _, step := range [][]string{
+		{"init", "-q", "-b", "main", src},
+		{"-C", src, "commit", "-q", "--allow-empty", "-m", "the lab's first commit"},
+		{"clone", "-q", "--bare", src, bare},
+		{"-C", bare, "config", "http.receivepack", "true"},
+	} {
+		if err := git(step...); err != nil {
+			return fmt.Errorf("making the lab's code host repository: %w", err)
+		}
+	}
+	return nil
 }
 
 func (l *Lab) background(ctx context.Context, args ...string) error {

@@ -70,7 +70,7 @@ const Debian12Cmdline = "console=ttyS0 root=/dev/vda rw net.ifnames=0 no_timer_c
 // Debian12Recipe is the cloud-init-ready Debian 12 image abox builds offline.
 func Debian12Recipe() Recipe {
 	return Recipe{
-		Version: 7, // 7: services get the seed's proxy environment on the first boot
+		Version: 8, // 8: git (coding agents clone and push; the suite's code host)
 		Suite:   "bookworm",
 		Variant: "minbase",
 		Packages: []string{
@@ -87,6 +87,9 @@ func Debian12Recipe() Recipe {
 			// cloud-init's sudo rule needs sudo; netbase gives /etc/services and
 			// /etc/protocols; the rest are the e2e suite's probes.
 			"sudo", "netbase", "procps", "iputils-ping", "netcat-openbsd",
+			// What a coding agent needs first, and the suite's code host
+			// is cloned and pushed to with it.
+			"git",
 		},
 		DiskSize: "2G",
 		Cmdline:  Debian12Cmdline,

@@ -18,6 +18,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/cgi"
 	"os"
 	"strconv"
 	"strings"
@@ -31,9 +32,19 @@ func main() {
 	caOut := flag.String("ca-out", "", "write the CA certificate (PEM) here")
 	body := flag.String("body", "hello from testorigin", "response body prefix")
 	h1 := flag.Bool("http1", false, "HTTPS offers HTTP/1.1 only (no h2)")
+	gitHost := flag.String("git-host", "", "requests for this host are git's smart HTTP (git http-backend), reads and pushes")
+	gitRoot := flag.String("git-root", "", "the directory of the bare repositories --git-host serves")
 	flag.Parse()
 
+	var git http.Handler
+	if *gitHost != "" {
+		git = gitBackend(*gitRoot)
+	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if git != nil && hostOnly(r.Host) == *gitHost {
+			git.ServeHTTP(w, r)
+			return
+		}
 		if n, ok := strings.CutPrefix(r.URL.Path, "/bytes/"); ok {
 			serveBytes(w, n)
 			return
@@ -68,6 +79,24 @@ func main() {
 	}
 	fmt.Fprintln(os.Stderr, "testorigin: ready")
 	log.Fatal(<-errc)
+}
+
+// gitBackend serves the bare repositories under root as a code host does
+// (clone, fetch and push over smart HTTP), so that what a request rule
+// lets through is seen by a real git server.
+func gitBackend(root string) http.Handler {
+	return &cgi.Handler{
+		Path: "/usr/bin/git",
+		Args: []string{"http-backend"},
+		Env:  []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"},
+	}
+}
+
+func hostOnly(hostport string) string {
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		return h
+	}
+	return hostport
 }
 
 func protos(h1 bool) []string {
