@@ -56,13 +56,18 @@ type Guard struct {
 	// to its last SerialLogKeep bytes (kept in serial.log.1); 0 means
 	// DefaultSerialLogMax.
 	SerialLogMax int64
+	// NWFilterSettle is how long the nwfilter check waits for libvirt's
+	// own rebuild before it acts, and the spacing of its retries; 0 means
+	// DefaultNWFilterSettle.
+	NWFilterSettle time.Duration
 }
 
 // Defaults of Guard.
 const (
-	DefaultGuardInterval = 2 * time.Second
-	DefaultSerialLogMax  = 8 << 20
-	SerialLogKeep        = 1 << 20
+	DefaultGuardInterval  = 2 * time.Second
+	DefaultSerialLogMax   = 8 << 20
+	DefaultNWFilterSettle = time.Second
+	SerialLogKeep         = 1 << 20
 )
 
 // Run checks every Interval until ctx ends.
@@ -119,7 +124,9 @@ func (g Guard) Once(ctx context.Context) error {
 		}
 	}
 	if err == nil {
-		err = g.nwfilterRules(ctx)
+		if err = g.nwfilterRules(ctx); errors.As(err, new(*uncheckedError)) {
+			return errors.Join(logErr, err)
+		}
 	}
 	if err == nil {
 		return logErr
@@ -134,9 +141,11 @@ func (g Guard) Once(ctx context.Context) error {
 }
 
 // nwfilterRules checks the kernel rules of the nwfilter binding on each of
-// the running guest's taps and has libvirt rebuild those that are gone; an
-// error is a binding still without its rules (or one that cannot be
-// looked at), for which Once takes the link down.
+// the running guest's taps and has libvirt rebuild those that are gone.
+// An *uncheckedError says it could not look (libvirtd or ebtables busy:
+// ebtables-nft fails a listing that races libvirt's own edits), which the
+// next round tries again; any other error is a binding still without its
+// rules, for which Once takes the link down.
 func (g Guard) nwfilterRules(ctx context.Context) error {
 	if g.Hypervisor == nil {
 		return nil
@@ -146,15 +155,30 @@ func (g Guard) nwfilterRules(ctx context.Context) error {
 		if errors.Is(err, libvirt.ErrNotFound) {
 			return nil // stopped meanwhile
 		}
-		return fmt.Errorf("listing the guest's interfaces: %w", err)
+		return &uncheckedError{fmt.Errorf("listing the guest's interfaces: %w", err)}
+	}
+	settle := g.NWFilterSettle
+	if settle == 0 {
+		settle = DefaultNWFilterSettle
 	}
 	for _, n := range nics {
 		if n.Target == "" {
 			continue
 		}
-		st, err := g.Firewall.CheckNWFilter(ctx, n.Target)
+		st, err := g.checkNWFilter(ctx, n.Target, settle)
 		if err != nil {
-			return fmt.Errorf("checking the nwfilter's rules on %s: %w", n.Target, err)
+			return err
+		}
+		if st.Intact() {
+			continue
+		}
+		// libvirt may be rebuilding them itself (a filter redefined, a
+		// guest starting): look again before acting.
+		if err := sleepCtx(ctx, settle); err != nil {
+			return err
+		}
+		if st, err = g.checkNWFilter(ctx, n.Target, settle); err != nil {
+			return err
 		}
 		if st.Intact() {
 			continue
@@ -163,14 +187,60 @@ func (g Guard) nwfilterRules(ctx context.Context) error {
 		if err := g.Hypervisor.RebindNWFilter(ctx, n.Target); err != nil {
 			return err
 		}
-		if st, err = g.Firewall.CheckNWFilter(ctx, n.Target); err != nil {
-			return fmt.Errorf("checking the nwfilter's rules on %s: %w", n.Target, err)
-		} else if !st.Intact() {
+		for range 4 {
+			if st, err = g.checkNWFilter(ctx, n.Target, settle); err != nil || st.Intact() {
+				break
+			}
+			if err := sleepCtx(ctx, settle/2); err != nil {
+				return err
+			}
+		}
+		if err != nil {
+			return err
+		}
+		if !st.Intact() {
 			return fmt.Errorf("the nwfilter's rules on %s are still missing after libvirt rebuilt the binding: %v", n.Target, st.Problems)
 		}
 		g.Log.Info("nwfilter rules rebuilt", "instance", g.Name, "tap", n.Target)
 	}
 	return nil
+}
+
+// checkNWFilter is Firewall.CheckNWFilter tried three times: a listing
+// that fails says nothing about the rules.
+func (g Guard) checkNWFilter(ctx context.Context, tap string, settle time.Duration) (hostfw.Status, error) {
+	var err error
+	for try := range 3 {
+		if try > 0 {
+			if err := sleepCtx(ctx, settle/4); err != nil {
+				return hostfw.Status{}, err
+			}
+		}
+		var st hostfw.Status
+		if st, err = g.Firewall.CheckNWFilter(ctx, tap); err == nil {
+			return st, nil
+		}
+	}
+	return hostfw.Status{}, &uncheckedError{fmt.Errorf("checking the nwfilter's rules on %s: %w", tap, err)}
+}
+
+// uncheckedError: a guard round could not look at something; it says
+// nothing about the layer, so the link stays up and the next round looks
+// again.
+type uncheckedError struct{ err error }
+
+func (e *uncheckedError) Error() string { return e.err.Error() }
+func (e *uncheckedError) Unwrap() error { return e.err }
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // check is the chains' and switches' status, and the port's.

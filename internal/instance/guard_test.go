@@ -46,7 +46,7 @@ func runningRig(t *testing.T) (*rig, State) {
 }
 
 func (r *rig) guard(log io.Writer) Guard {
-	return Guard{Layout: r.m.Layout, Name: "dev", Firewall: r.fw, Hypervisor: r.hv, Log: slog.New(slog.NewTextHandler(log, nil))}
+	return Guard{Layout: r.m.Layout, Name: "dev", Firewall: r.fw, Hypervisor: r.hv, Log: slog.New(slog.NewTextHandler(log, nil)), NWFilterSettle: 4 * time.Millisecond}
 }
 
 // TestGuardRepairsChains: chains removed under a running guest are put
@@ -124,6 +124,35 @@ func TestGuardRebuildsFlushedNWFilterRules(t *testing.T) {
 		if !strings.Contains(strings.Join(r.hv.callList(), " "), "SetLinkDown") {
 			t.Errorf("calls = %v, want SetLinkDown", r.hv.callList())
 		}
+	})
+	t.Run("a listing that fails", func(t *testing.T) {
+		// ebtables-nft fails a listing that races libvirt's own edits:
+		// that says nothing about the rules, so the link stays up, and
+		// one failure alone is tried again within the round.
+		r.fw.flushed = nil
+		r.fw.checkFails = 2
+		r.hv.calls = nil
+		if err := r.guard(io.Discard).Once(context.Background()); err != nil {
+			t.Fatalf("Once with a listing failing twice = %v, want it tried again", err)
+		}
+		r.fw.checkFails = 100
+		err := r.guard(io.Discard).Once(context.Background())
+		if err == nil || errors.Is(err, ErrLinkDown) || strings.Contains(strings.Join(r.hv.callList(), " "), "SetLinkDown") {
+			t.Fatalf("Once with every listing failing = %v (calls %v), want an error and the link up", err, r.hv.callList())
+		}
+		r.fw.checkFails = 0
+	})
+	t.Run("rules libvirt is rebuilding itself", func(t *testing.T) {
+		r.fw.flushed = map[string]bool{"vnet7": true}
+		r.fw.onCheck = func() { delete(r.fw.flushed, "vnet7") } // back by the second look
+		r.hv.calls = nil
+		if err := r.guard(io.Discard).Once(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if calls := strings.Join(r.hv.callList(), " "); strings.Contains(calls, "RebindNWFilter") {
+			t.Errorf("calls %v: the binding was rebuilt although libvirt was rebuilding it", calls)
+		}
+		r.fw.onCheck = nil
 	})
 	t.Run("a rebuild libvirt refuses", func(t *testing.T) {
 		r.fw.flushed = map[string]bool{"vnet7": true}

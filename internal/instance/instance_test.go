@@ -237,13 +237,23 @@ type fakeFW struct {
 	// ports are the ports EnsurePort got; failPort makes it fail.
 	ports    []hostfw.Port
 	failPort bool
-	// flushed are the taps whose nwfilter kernel rules are gone.
-	flushed map[string]bool
+	// flushed are the taps whose nwfilter kernel rules are gone; the next
+	// checkFails listings fail; onCheck runs after each listing.
+	flushed    map[string]bool
+	checkFails int
+	onCheck    func()
 }
 
 func (f *fakeFW) CheckNWFilter(ctx context.Context, tap string) (hostfw.Status, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.checkFails > 0 {
+		f.checkFails--
+		return hostfw.Status{}, errors.New("running ebtables -t nat -L: exit status 4: RULE_DELETE failed")
+	}
+	if f.onCheck != nil {
+		defer f.onCheck()
+	}
 	var st hostfw.Status
 	if f.flushed[tap] {
 		st.Problems = append(st.Problems, "ebtables: no jump to libvirt-I-"+tap)
