@@ -42,8 +42,9 @@ type File struct {
 	Disk   int `yaml:"disk"`
 	// Accel is kvm, tcg or auto.
 	Accel string `yaml:"accel"`
-	// Allowlist entries, as in an allowlist file.
-	Allowlist []string `yaml:"allowlist"`
+	// Allowlist items: lines as in an allowlist file, or a host with its
+	// rules (AllowlistItem).
+	Allowlist []AllowlistItem `yaml:"allowlist"`
 	// AllowlistFile is an allowlist file inside the project, merged with
 	// Allowlist.
 	AllowlistFile string `yaml:"allowlist_file"`
@@ -65,6 +66,35 @@ type File struct {
 	Provision  Provision `yaml:"provision"`
 	// Forwards are HOSTPORT:GUESTPORT forwards from the host's loopback.
 	Forwards []string `yaml:"forwards"`
+}
+
+// AllowlistItem is one item of allowlist, written either as a string, an
+// allowlist line ("example.com", "api.github.com GET,HEAD /**"), or as a
+// mapping, a host and its rules (AllowlistHost). Exactly one form is set.
+type AllowlistItem struct {
+	// Line is the string form; "" when the item is a mapping.
+	Line string
+	AllowlistHost
+}
+
+// AllowlistHost is the mapping form of an allowlist item.
+type AllowlistHost struct {
+	// Host is an allowlist name ("api.github.com", "*.example.com").
+	Host string `yaml:"host"`
+	// Rules are "[METHOD[,METHOD...]] [PATTERN] [audit]", as after the
+	// name on an allowlist line; none means everything on the host.
+	Rules []string `yaml:"rules"`
+	// Audit puts the whole entry on trial: its rules are tried and what
+	// they would refuse is logged, nothing refused (the line "NAME audit").
+	Audit bool `yaml:"audit"`
+}
+
+// UnmarshalYAML reads either form; Parse's check has refused anything else.
+func (a *AllowlistItem) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		return n.Decode(&a.Line)
+	}
+	return n.Decode(&a.AllowlistHost)
 }
 
 // MITM is TLS interception.
@@ -229,6 +259,15 @@ func check(n *yaml.Node, t reflect.Type, path, source string, at0 map[string]pos
 	}
 	if t.Kind() == reflect.Pointer {
 		t = t.Elem()
+	}
+	if t == reflect.TypeFor[AllowlistItem]() {
+		// A string is an allowlist line, a mapping a host and its rules.
+		t = reflect.TypeFor[AllowlistHost]()
+		if n.Kind == yaml.ScalarNode {
+			t = reflect.TypeFor[string]()
+		} else if n.Kind != yaml.MappingNode {
+			return at(n, "want an allowlist line (\"api.github.com GET,HEAD /**\") or a mapping (host, rules, audit), got %s", describe(n))
+		}
 	}
 	switch t.Kind() {
 	case reflect.Struct:

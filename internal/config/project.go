@@ -32,8 +32,9 @@ type Project struct {
 	// the content hashed for trust is the content used, however the
 	// files change afterwards.
 	snapshot map[string][]byte
-	// allowlist is the inline entries and the allowlist file's, merged.
-	allowlist []string
+	// allowlist is the inline lines and the allowlist file's, merged; a
+	// name is never both with and without rules.
+	allowlist []allowlist.Line
 }
 
 // Load reads, checks and validates the abox.yaml at path.
@@ -126,37 +127,62 @@ func (p *Project) files() []ref {
 	return out
 }
 
-// MergedAllowlist is the file's allowlist: the inline entries, then those of
-// allowlist_file not already named, normalised.
-func (p *Project) MergedAllowlist() []string { return slices.Clone(p.allowlist) }
+// MergedAllowlist is the file's allowlist as allowlist lines: the inline
+// items, then the lines of allowlist_file not already given, normalised;
+// a name with rules has one line per rule.
+func (p *Project) MergedAllowlist() []string {
+	out := make([]string, len(p.allowlist))
+	for i, ln := range p.allowlist {
+		out[i] = ln.String()
+	}
+	return out
+}
 
-func (p *Project) mergeAllowlist() ([]string, error) {
+// AllowlistList is the merged allowlist as a list.
+func (p *Project) AllowlistList() *allowlist.List {
+	// mergeAllowlist checked that the lines build.
+	l, _ := allowlist.NewLines(p.allowlist)
+	return l
+}
+
+func (p *Project) mergeAllowlist() ([]allowlist.Line, error) {
 	seen := map[string]bool{}
-	var out []string
-	for _, e := range p.Config.Allowlist {
-		if !seen[e.String()] {
-			seen[e.String()] = true
-			out = append(out, e.String())
+	var out []allowlist.Line
+	for _, ln := range p.Config.Allowlist {
+		if !seen[ln.String()] {
+			seen[ln.String()] = true
+			out = append(out, ln)
 		}
 	}
-	if p.AllowlistFile != "" {
-		b, err := p.ReadFile("allowlist_file", p.AllowlistFile)
-		if err != nil {
-			return nil, err
+	if p.AllowlistFile == "" {
+		return out, nil
+	}
+	b, err := p.ReadFile("allowlist_file", p.AllowlistFile)
+	if err != nil {
+		return nil, err
+	}
+	l, err := allowlist.Parse(bytes.NewReader(b), filepath.Join(p.Dir, p.AllowlistFile))
+	if err != nil {
+		return nil, p.Doc.errAt("allowlist_file", "%v", err)
+	}
+	if l.Len() > MaxEntries {
+		return nil, p.Doc.errAt("allowlist_file", "%d entries; at most %d", l.Len(), MaxEntries)
+	}
+	for _, ln := range l.Lines() {
+		if !seen[ln.String()] {
+			seen[ln.String()] = true
+			out = append(out, ln)
 		}
-		l, err := allowlist.Parse(bytes.NewReader(b), filepath.Join(p.Dir, p.AllowlistFile))
-		if err != nil {
-			return nil, p.Doc.errAt("allowlist_file", "%v", err)
-		}
-		if l.Len() > MaxEntries {
-			return nil, p.Doc.errAt("allowlist_file", "%d entries; at most %d", l.Len(), MaxEntries)
-		}
-		for _, e := range l.Entries() {
-			if !seen[e.String()] {
-				seen[e.String()] = true
-				out = append(out, e.String())
-			}
-		}
+	}
+	// A name with rules in one place and without in the other: the
+	// builder names both, with the file's line; abox.yaml's items have
+	// their abox.yaml line.
+	merged, err := allowlist.NewLines(out)
+	if err != nil {
+		return nil, p.Doc.errAt("allowlist_file", "%s and allowlist together: %v", p.AllowlistFile, err)
+	}
+	if msg := p.Config.tunnelledRules(merged); msg != "" {
+		return nil, p.Doc.errAt("allowlist_file", "%s", msg)
 	}
 	return out, nil
 }

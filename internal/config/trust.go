@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/termtext"
 )
@@ -28,27 +29,36 @@ type Widening struct {
 // tightens or keeps the defaults. The allowlist counted is the inline one;
 // Project.Widenings adds the allowlist file's.
 func (c Config) Widenings() []Widening {
-	var names []string
-	for _, e := range c.Allowlist {
-		names = append(names, e.String())
+	l, err := allowlist.NewLines(c.Allowlist)
+	if err != nil {
+		// Validate refused such a list; count it as widening all the same.
+		return append([]Widening{{Key: "allowlist", Why: err.Error()}}, c.widenings(nil)...)
 	}
-	return c.widenings(names)
+	return c.widenings(l)
 }
 
 // Widenings lists what the file needs trust for, its allowlist file
 // included.
-func (p *Project) Widenings() []Widening { return p.Config.widenings(p.allowlist) }
+func (p *Project) Widenings() []Widening { return p.Config.widenings(p.AllowlistList()) }
 
 // widenings is Widenings with allow the file's whole allowlist. Every entry
 // widens: the default allowlist is empty, and a name on it is a place the
 // guest can send what it holds.
-func (c Config) widenings(allow []string) []Widening {
+func (c Config) widenings(allow *allowlist.List) []Widening {
 	var out []Widening
 	add := func(key, format string, args ...any) {
 		out = append(out, Widening{Key: key, Why: fmt.Sprintf(format, args...)})
 	}
-	if len(allow) > 0 {
-		add("allowlist", "lets the guest reach %d name(s): %s", len(allow), strings.Join(allow, ", "))
+	if n := allow.Len(); n > 0 {
+		var names []string
+		for _, e := range allow.Entries() {
+			s := e.String()
+			if rs := allow.Rules(s); rs != nil {
+				s += " (rules " + rs.String() + ")"
+			}
+			names = append(names, s)
+		}
+		add("allowlist", "lets the guest reach %d name(s): %s", n, strings.Join(names, ", "))
 	}
 	// The host's resources past the defaults: a guest fills its disk
 	// (the host's), and memory and CPUs are taken from the host's others.
@@ -176,6 +186,83 @@ type trustRecord struct {
 	File      string     `json:"file"`
 	TrustedAt time.Time  `json:"trusted_at"`
 	Widenings []Widening `json:"widenings"`
+	// Baseline is what was trusted, for telling a later content that only
+	// narrows it; nil in records written before rules existed.
+	Baseline *baseline `json:"baseline,omitempty"`
+}
+
+// baseline is what a trusted content allowed, in the terms Project.Since
+// compares: its allowlist lines, and the content of each trusted file
+// other than the allowlist file (whose lines are compared instead).
+type baseline struct {
+	Allowlist []string `json:"allowlist"`
+	// Files maps a key (upstream_ca, overrides.libvirt.template) to the
+	// SHA-256 of the content trusted, hex.
+	Files map[string]string `json:"files,omitempty"`
+}
+
+func (p *Project) baseline() (*baseline, error) {
+	b := &baseline{Allowlist: p.MergedAllowlist(), Files: map[string]string{}}
+	for _, r := range []ref{{key: "upstream_ca", path: p.UpstreamCA}, {key: "overrides.libvirt.template", path: p.Template}} {
+		if r.path == "" {
+			continue
+		}
+		c, err := p.ReadFile(r.key, r.path)
+		if err != nil {
+			return nil, err
+		}
+		sum := sha256.Sum256(c)
+		b.Files[r.key] = hex.EncodeToString(sum[:])
+	}
+	return b, nil
+}
+
+// since lists how p allows more than the trusted content rec: allowlist
+// lines that allow more (allowlist.Widenings: a new name, a new or wider
+// rule, a name whose rules are all gone), every other widening setting not
+// written exactly as it was, and a trusted file whose content changed.
+// Empty means p only narrows rec, or restates it.
+func (p *Project) since(rec trustRecord) ([]Widening, error) {
+	prev, err := parseLines(rec.Baseline.Allowlist)
+	if err != nil {
+		return nil, err
+	}
+	var out []Widening
+	for _, c := range allowlist.Widenings(prev, p.AllowlistList()) {
+		out = append(out, Widening{Key: "allowlist", Why: c.Entry + ": " + c.Why})
+	}
+	had := map[Widening]bool{}
+	for _, w := range rec.Widenings {
+		had[w] = true
+	}
+	for _, w := range p.Widenings() {
+		if w.Key != "allowlist" && !had[w] {
+			out = append(out, w)
+		}
+	}
+	now, err := p.baseline()
+	if err != nil {
+		return nil, err
+	}
+	for k, sum := range now.Files {
+		if rec.Baseline.Files[k] != sum {
+			out = append(out, Widening{Key: k, Why: "its content changed since it was trusted"})
+		}
+	}
+	slices.SortStableFunc(out, func(a, b Widening) int { return strings.Compare(a.Key, b.Key) })
+	return out, nil
+}
+
+func parseLines(lines []string) (*allowlist.List, error) {
+	parsed := make([]allowlist.Line, 0, len(lines))
+	for _, s := range lines {
+		ln, err := allowlist.ParseLine(s)
+		if err != nil {
+			return nil, err
+		}
+		parsed = append(parsed, ln)
+	}
+	return allowlist.NewLines(parsed)
 }
 
 // ErrUntrusted means the file widens the sandbox and its content is not
@@ -186,6 +273,10 @@ var ErrUntrusted = errors.New("not trusted")
 type UntrustedError struct {
 	File      string
 	Widenings []Widening
+	// Since lists how the content allows more than the one last trusted
+	// for the file, when there is one; TrustedAt is when that was.
+	Since     []Widening
+	TrustedAt time.Time
 }
 
 func (e *UntrustedError) Error() string {
@@ -194,6 +285,12 @@ func (e *UntrustedError) Error() string {
 	for _, w := range e.Widenings {
 		fmt.Fprintf(&b, "\n  %s: %s", w.Key, termtext.Clean(w.Why))
 	}
+	if len(e.Since) > 0 {
+		fmt.Fprintf(&b, "\nbeyond the content trusted at %s, it:", e.TrustedAt.Format(time.RFC3339))
+		for _, w := range e.Since {
+			fmt.Fprintf(&b, "\n  %s: %s", w.Key, termtext.Clean(w.Why))
+		}
+	}
 	return b.String()
 }
 
@@ -201,8 +298,14 @@ func (e *UntrustedError) Unwrap() error { return ErrUntrusted }
 
 func (s TrustStore) path(hash string) string { return filepath.Join(s.Dir, hash+".json") }
 
-// Check returns nil when p needs no trust or its exact content is trusted,
-// else an *UntrustedError.
+// maxRecords bounds how many trust records Check reads looking for a
+// baseline of the file.
+const maxRecords = 10000
+
+// Check returns nil when p needs no trust, when its exact content is
+// trusted, or when it only narrows a content trusted for the same file
+// (since is empty: a pull that narrows a rule or drops a name asks
+// nothing), else an *UntrustedError.
 func (s TrustStore) Check(p *Project) error {
 	w := p.Widenings()
 	if len(w) == 0 {
@@ -217,7 +320,55 @@ func (s TrustStore) Check(p *Project) error {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("checking trust of %s: %w", p.Path, err)
 	}
-	return &UntrustedError{File: p.Path, Widenings: w}
+	ue := &UntrustedError{File: p.Path, Widenings: w}
+	recs, err := s.records(p.Path)
+	if err != nil {
+		return fmt.Errorf("checking trust of %s: %w", p.Path, err)
+	}
+	for _, rec := range recs {
+		since, err := p.since(rec)
+		if err != nil {
+			// A record this abox cannot read is no baseline.
+			continue
+		}
+		if len(since) == 0 {
+			return nil
+		}
+		if ue.Since == nil || rec.TrustedAt.After(ue.TrustedAt) {
+			ue.Since, ue.TrustedAt = since, rec.TrustedAt
+		}
+	}
+	return ue
+}
+
+// records returns the trust records of file that carry a baseline.
+func (s TrustStore) records(file string) ([]trustRecord, error) {
+	ents, err := os.ReadDir(s.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []trustRecord
+	for i, de := range ents {
+		if i >= maxRecords {
+			break
+		}
+		if !de.Type().IsRegular() || !strings.HasSuffix(de.Name(), ".json") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(s.Dir, de.Name()))
+		if err != nil {
+			continue
+		}
+		var rec trustRecord
+		if json.Unmarshal(b, &rec) != nil || rec.File != file || rec.Baseline == nil {
+			continue
+		}
+		out = append(out, rec)
+	}
+	return out, nil
 }
 
 // Trust records p's current content as trusted.
@@ -226,10 +377,14 @@ func (s TrustStore) Trust(p *Project) error {
 	if err != nil {
 		return err
 	}
+	bl, err := p.baseline()
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return fmt.Errorf("trusting %s: %w", p.Path, err)
 	}
-	b, err := json.MarshalIndent(trustRecord{File: p.Path, TrustedAt: time.Now().UTC(), Widenings: slices.Clip(p.Widenings())}, "", "  ")
+	b, err := json.MarshalIndent(trustRecord{File: p.Path, TrustedAt: time.Now().UTC(), Widenings: slices.Clip(p.Widenings()), Baseline: bl}, "", "  ")
 	if err != nil {
 		return err
 	}

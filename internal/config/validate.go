@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"net/url"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/netclass"
+	"github.com/abox-dev/abox/internal/reqrules"
 	"github.com/abox-dev/abox/internal/validate"
 )
 
@@ -44,8 +46,10 @@ type Config struct {
 	MemoryMiB uint
 	DiskGiB   uint
 	Accel     string
-	// Allowlist is the inline entries, normalised and de-duplicated.
-	Allowlist     []allowlist.Entry
+	// Allowlist is the inline lines, normalised and de-duplicated, in file
+	// order: a name without rules once, a name with rules once per rule;
+	// no name is both. Entry.Line is the abox.yaml line of the item.
+	Allowlist     []allowlist.Line
 	AllowlistFile string
 	// Ports are the proxy's destination ports; nil is the default 80, 443.
 	Ports        []uint16
@@ -119,16 +123,8 @@ func (d *Doc) Validate() (Config, error) {
 	if len(f.Allowlist) > MaxEntries {
 		return Config{}, d.errAt("allowlist", "%d entries; at most %d (use allowlist_file for long lists)", len(f.Allowlist), MaxEntries)
 	}
-	seen := map[string]bool{}
-	for i, s := range f.Allowlist {
-		e, err := allowlist.ParseEntry(s)
-		if err != nil {
-			return Config{}, d.errAt(fmt.Sprintf("allowlist[%d]", i), "%v", err)
-		}
-		if !seen[e.String()] {
-			seen[e.String()] = true
-			c.Allowlist = append(c.Allowlist, e)
-		}
+	if c.Allowlist, err = d.allowlistLines(f.Allowlist); err != nil {
+		return Config{}, err
 	}
 	if c.AllowlistFile, err = d.local("allowlist_file", f.AllowlistFile); err != nil {
 		return Config{}, err
@@ -165,6 +161,11 @@ func (d *Doc) Validate() (Config, error) {
 			return Config{}, d.errAt(fmt.Sprintf("mitm.exceptions[%d]", i), "%q: want a host name", h)
 		}
 		c.MITMExceptions = append(c.MITMExceptions, e.Name)
+	}
+	if l, err := allowlist.NewLines(c.Allowlist); err == nil {
+		if msg := c.tunnelledRules(l); msg != "" {
+			return Config{}, d.errAt("allowlist", "%s", msg)
+		}
 	}
 	for i, u := range f.DNS.Upstreams {
 		if _, err := netip.ParseAddrPort(u); err != nil {
@@ -243,6 +244,109 @@ func (d *Doc) Validate() (Config, error) {
 		c.Forwards = append(c.Forwards, Forward{HostPort: uint16(hp), GuestPort: uint16(gp)})
 	}
 	return c, nil
+}
+
+// allowlistLines validates the allowlist items into lines. Every error
+// names the item (allowlist[i], or allowlist[i].rules[j]) and so its line.
+func (d *Doc) allowlistLines(items []AllowlistItem) ([]allowlist.Line, error) {
+	var out []allowlist.Line
+	seen := map[string]bool{}
+	// ruled records, by entry, whether its first item had rules and where
+	// it was, to refuse a name listed both ways at the second item.
+	type first struct {
+		ruled bool
+		key   string
+	}
+	firsts := map[string]first{}
+	total := 0
+	for i, it := range items {
+		key := fmt.Sprintf("allowlist[%d]", i)
+		var lines []allowlist.Line
+		if it.Line != "" || it.Host == "" && it.Rules == nil && !it.Audit {
+			ln, err := allowlist.ParseLine(it.Line)
+			if err != nil {
+				return nil, d.errAt(key, "%v", err)
+			}
+			lines = append(lines, ln)
+		} else {
+			if it.Host == "" {
+				return nil, d.errAt(key, "no host; write `host: NAME` with its rules, or the item as a string (- example.com)")
+			}
+			e, err := allowlist.ParseEntry(it.Host)
+			if err != nil {
+				return nil, d.errAt(key+".host", "%v", err)
+			}
+			if it.Rules != nil && len(it.Rules) == 0 {
+				return nil, d.errAt(key+".rules", "no rules; leave rules out to allow everything on %s, or list them (\"GET,HEAD /**\")", e)
+			}
+			for j, rs := range it.Rules {
+				ln, err := allowlist.ParseLine(e.String() + " " + rs)
+				if err == nil && ln.Rule == nil {
+					err = errors.New("an empty rule; a rule is [METHOD[,METHOD...]] [PATTERN] [audit]")
+				}
+				if err != nil {
+					return nil, d.errAt(fmt.Sprintf("%s.rules[%d]", key, j), "%v", err)
+				}
+				lines = append(lines, ln)
+			}
+			if it.Audit {
+				ln, err := allowlist.ParseLine(e.String() + " " + reqrules.AuditWord)
+				if err != nil {
+					return nil, d.errAt(key+".audit", "%v", err)
+				}
+				lines = append(lines, ln)
+			}
+			if len(lines) == 0 {
+				lines = append(lines, allowlist.Line{Entry: e})
+			}
+		}
+		for _, ln := range lines {
+			name := ln.Entry.String()
+			ruled := ln.Rule != nil
+			if f, ok := firsts[name]; !ok {
+				firsts[name] = first{ruled, key}
+			} else if f.ruled != ruled {
+				with, without := f.key, key
+				if ruled {
+					with, without = key, f.key
+				}
+				return nil, d.errAt(key, "%s is listed with rules at %s (line %d) and without rules at %s (line %d); without rules it allows everything on the host, so the rules would not count: drop the rules or the item without them", name, with, d.pos[with].line, without, d.pos[without].line)
+			}
+			if seen[ln.String()] {
+				continue
+			}
+			seen[ln.String()] = true
+			if total++; total > MaxEntries {
+				return nil, d.errAt("allowlist", "more than %d lines; at most %d (use allowlist_file for long lists)", MaxEntries, MaxEntries)
+			}
+			ln.Entry.Line = d.pos[key].line
+			out = append(out, ln)
+		}
+	}
+	if _, err := allowlist.NewLines(out); err != nil {
+		// Bounds the builder keeps (rules per name) that the loop does not.
+		return nil, d.errAt("allowlist", "%v", err)
+	}
+	return out, nil
+}
+
+// tunnelledRules says which entry with rules decides a host the proxy
+// tunnels unseen (mitm.enabled: false, mitm.exceptions), where its rules
+// could not be enforced; "" when none does.
+func (c Config) tunnelledRules(l *allowlist.List) string {
+	r := l.Restricted()
+	if len(r) == 0 {
+		return ""
+	}
+	if c.NoMITM {
+		return fmt.Sprintf("%s has rules, but mitm.enabled is false: HTTPS is tunnelled unseen, so no rule could be checked; turn interception on or drop the rules", r[0])
+	}
+	for _, h := range c.MITMExceptions {
+		if dn := l.MatchNormalized(h); dn.Verdict == allowlist.Allow && l.Rules(dn.Rule) != nil {
+			return fmt.Sprintf("%s has rules, but %s is in mitm.exceptions: it is tunnelled unseen, so no rule could be checked; drop the exception or the rules", dn.Rule, h)
+		}
+	}
+	return ""
 }
 
 func (d *Doc) bounded(key string, v, def, limit int) (uint, error) {
