@@ -252,3 +252,40 @@ func TestUnknownPeerRefused(t *testing.T) {
 		t.Errorf("request without a peer: %d, mode %s; want 403 and active", rec.Code, eng.Mode())
 	}
 }
+
+// TestAPIRules: rule lines travel both ways: added, listed as lines,
+// removed one by one, with the name gone when its last rule is; a name
+// listed both ways is refused with a hint that names the instance.
+func TestAPIRules(t *testing.T) {
+	c, eng, _ := startServer(t)
+	ctx := context.Background()
+	if _, err := c.AllowlistAdd(ctx, []string{"api.github.com GET,HEAD /**", "api.github.com POST /repos/acme/app/pulls", "example.com"}); err != nil {
+		t.Fatal(err)
+	}
+	list, err := c.Allowlist(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(list.Entries, ","), "api.github.com,example.com"; got != want {
+		t.Errorf("entries = %s, want %s", got, want)
+	}
+	if got, want := strings.Join(list.Lines, ","), "api.github.com GET,HEAD /**,api.github.com POST /repos/acme/app/pulls,example.com"; got != want {
+		t.Errorf("lines = %s, want %s", got, want)
+	}
+	_, err = c.AllowlistAdd(ctx, []string{"api.github.com"})
+	var ae *Error
+	if !errors.As(err, &ae) || ae.Status != 422 || !strings.Contains(ae.Error(), "listed with rules") || !strings.Contains(ae.Hint, "abox allowlist remove t1 api.github.com") {
+		t.Errorf("a name with rules added without: %v (hint %q)", err, ae.Hint)
+	}
+	rm, err := c.AllowlistRemove(ctx, []string{"api.github.com POST /repos/acme/app/pulls"})
+	if err != nil || len(rm.Gone) != 0 {
+		t.Fatalf("remove one rule = %+v, %v", rm, err)
+	}
+	if got := eng.List().Rules("api.github.com").String(); got != "GET,HEAD /**" {
+		t.Errorf("rules after removing one = %q", got)
+	}
+	rm, err = c.AllowlistRemove(ctx, []string{"api.github.com GET,HEAD /**"})
+	if err != nil || strings.Join(rm.Gone, ",") != "api.github.com" {
+		t.Errorf("remove the last rule = %+v, %v; want api.github.com gone", rm, err)
+	}
+}

@@ -110,6 +110,7 @@ func (c *Client) Reload(ctx context.Context) (policy.ReloadStatus, error) {
 	return s, c.do(ctx, http.MethodPost, "/v1/reload", nil, &s)
 }
 
+// Allowlist returns the list in force: its names, and its lines.
 func (c *Client) Allowlist(ctx context.Context) (EntriesBody, error) {
 	var b EntriesBody
 	return b, c.do(ctx, http.MethodGet, "/v1/allowlist", nil, &b)
@@ -127,16 +128,20 @@ func (c *Client) ReplaceAllowlist(ctx context.Context, expected, text string) (p
 	return s, c.do(ctx, http.MethodPut, "/v1/allowlist/text", TextBody{Text: text, Expected: expected}, &s)
 }
 
+// AllowlistAdd adds allowlist lines (names, or a name and one rule) and
+// returns those that were not yet listed.
 func (c *Client) AllowlistAdd(ctx context.Context, entries []string) ([]string, error) {
 	var b EntriesBody
 	err := c.do(ctx, http.MethodPost, "/v1/allowlist/add", EntriesBody{Entries: entries}, &b)
 	return b.Entries, err
 }
 
-func (c *Client) AllowlistRemove(ctx context.Context, entries []string) ([]string, error) {
+// AllowlistRemove removes allowlist lines: a name with all its rules, a
+// rule line just that rule. Gone names the entries whose last rule went.
+func (c *Client) AllowlistRemove(ctx context.Context, entries []string) (EntriesBody, error) {
 	var b EntriesBody
 	err := c.do(ctx, http.MethodPost, "/v1/allowlist/remove", EntriesBody{Entries: entries}, &b)
-	return b.Entries, err
+	return b, err
 }
 
 func (c *Client) Profile(ctx context.Context) (policy.ProfileSnapshot, error) {

@@ -12,10 +12,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/logring"
 	"github.com/abox-dev/abox/internal/policy"
 )
@@ -207,10 +209,17 @@ type ErrorBody struct {
 	Hint  string `json:"hint,omitempty"`
 }
 
-// EntriesBody carries allowlist entries both ways.
+// EntriesBody carries allowlist entries both ways. In a request, each of
+// Entries is an allowlist line: a name, or a name and one rule
+// ("api.github.com GET,HEAD /**"). In a listing, Entries are the names and
+// Lines every line, a name with rules once per rule.
 type EntriesBody struct {
 	Entries []string `json:"entries"`
-	Path    string   `json:"path,omitempty"`
+	Lines   []string `json:"lines,omitempty"`
+	// Gone, after a remove, names the entries no longer listed because
+	// their last rule was removed.
+	Gone []string `json:"gone,omitempty"`
+	Path string   `json:"path,omitempty"`
 }
 
 // ModeBody carries the mode.
@@ -271,14 +280,15 @@ func (s *Server) reload(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listAllowlist(w http.ResponseWriter, r *http.Request) {
-	var out []string
-	for _, e := range s.Policy.List().Entries() {
+	l := s.Policy.List()
+	out, lines := []string{}, []string{}
+	for _, e := range l.Entries() {
 		out = append(out, e.String())
 	}
-	if out == nil {
-		out = []string{}
+	for _, ln := range l.Lines() {
+		lines = append(lines, ln.String())
 	}
-	writeJSON(w, http.StatusOK, EntriesBody{Entries: out, Path: s.Policy.Path()})
+	writeJSON(w, http.StatusOK, EntriesBody{Entries: out, Lines: lines, Path: s.Policy.Path()})
 }
 
 func (s *Server) addAllowlist(w http.ResponseWriter, r *http.Request) {
@@ -288,7 +298,7 @@ func (s *Server) addAllowlist(w http.ResponseWriter, r *http.Request) {
 	}
 	added, err := s.Policy.Add(b.Entries...)
 	if err != nil {
-		writeEditErr(w, err)
+		s.writeEditErr(w, err)
 		return
 	}
 	if added == nil {
@@ -304,10 +314,19 @@ func (s *Server) removeAllowlist(w http.ResponseWriter, r *http.Request) {
 	}
 	removed, err := s.Policy.Remove(b.Entries...)
 	if err != nil {
-		writeEditErr(w, err)
+		s.writeEditErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, EntriesBody{Entries: removed, Path: s.Policy.Path()})
+	// A rule line whose name has no rules left took the name with it.
+	var gone []string
+	l := s.Policy.List()
+	for _, r := range removed {
+		ln, err := allowlist.ParseLine(r)
+		if err == nil && ln.Rule != nil && !l.Contains(ln.Entry) && !slices.Contains(gone, ln.Entry.String()) {
+			gone = append(gone, ln.Entry.String())
+		}
+	}
+	writeJSON(w, http.StatusOK, EntriesBody{Entries: removed, Gone: gone, Path: s.Policy.Path()})
 }
 
 // TextBody carries the allowlist's text: in force (GET), or to put in force
@@ -333,7 +352,7 @@ func (s *Server) putAllowlistText(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.Policy.Replace([]byte(b.Expected), []byte(b.Text)); err != nil {
-		writeEditErr(w, err)
+		s.writeEditErr(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, s.Policy.Status())
@@ -342,9 +361,16 @@ func (s *Server) putAllowlistText(w http.ResponseWriter, r *http.Request) {
 // writeEditErr answers a failed allowlist edit: 409 when the list changed
 // meanwhile, 507 when the change is in force but could not be saved, 422
 // for invalid entries.
-func writeEditErr(w http.ResponseWriter, err error) {
+func (s *Server) writeEditErr(w http.ResponseWriter, err error) {
 	var ue *policy.UnsavedError
+	var ce *policy.RulesConflictError
 	switch {
+	case errors.As(err, &ce) && ce.Listed:
+		if ce.Rules != "" {
+			writeErr(w, http.StatusUnprocessableEntity, err, fmt.Sprintf("abox allowlist remove %s %s, then abox allowlist add %s %s", s.Instance, ce.Entry, s.Instance, ce.Line))
+		} else {
+			writeErr(w, http.StatusUnprocessableEntity, err, fmt.Sprintf("abox allowlist remove %s %s, then abox allowlist add %s '%s' (and its other rules)", s.Instance, ce.Entry, s.Instance, ce.Line))
+		}
 	case errors.Is(err, policy.ErrChanged):
 		writeErr(w, http.StatusConflict, err, "run the edit again")
 	case errors.As(err, &ue):

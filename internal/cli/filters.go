@@ -205,18 +205,35 @@ func newAllowlistCmd(e *env) *cobra.Command {
 		Short: "Change the names an instance may reach (both filters, and the file)",
 		Long: `Each instance has one allowlist shared by its DNS filter and HTTP proxy.
 "example.com" allows exactly that name; "*.example.com" allows every name below
-it (not example.com itself). Changes reach both filters and the allowlist file.`,
+it (not example.com itself). Changes reach both filters and the allowlist file.
+
+A line may carry a rule for the name: NAME [METHOD[,METHOD...]] [PATTERN] [audit],
+such as 'api.github.com GET,HEAD /**'. The lines of one name add up; a name with
+rules allows only what they allow (docs/policy.md). Quote a line with a pattern:
+the shell would expand its *.`,
 	}
 	add := &cobra.Command{
-		Use:   "add NAME ENTRY...",
-		Short: "Allow names",
-		Args:  cobra.MinimumNArgs(2),
+		Use:   "add NAME LINE...",
+		Short: "Allow names, or add rules to a name",
+		Long: `Each LINE is an allowlist line: a name ("example.com") or a name and one
+rule ('api.github.com GET,HEAD /**'). The words of a rule may also follow the
+name as arguments of their own (api.github.com GET,HEAD '/**'). A name is listed
+either without rules (everything on it) or with rules, never both: to change a
+name from one to the other, remove it first.`,
+		Example: `  abox allowlist add dev example.com '*.example.org'
+  abox allowlist add dev 'api.github.com GET,HEAD /**' 'api.github.com POST /repos/acme/app/pulls'
+  abox allowlist presets github-readonly   # lines to copy`,
+		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			lines, err := allowlistLines(args[1:])
+			if err != nil {
+				return err
+			}
 			c, err := e.apiClient(args[0])
 			if err != nil {
 				return err
 			}
-			added, err := c.AllowlistAdd(cmd.Context(), args[1:])
+			added, err := c.AllowlistAdd(cmd.Context(), lines)
 			if err != nil {
 				return notRunningHint(args[0], err)
 			}
@@ -230,20 +247,31 @@ it (not example.com itself). Changes reach both filters and the allowlist file.`
 		},
 	}
 	remove := &cobra.Command{
-		Use:   "remove NAME ENTRY...",
-		Short: "Stop allowing names",
-		Args:  cobra.MinimumNArgs(2),
+		Use:   "remove NAME LINE...",
+		Short: "Stop allowing names, or remove one rule of a name",
+		Long: `A name alone removes the name with all its rules. A rule line
+('api.github.com POST /repos/acme/app/pulls') removes just that rule; a name
+whose last rule is removed is no longer allowed at all (it does not go back
+to allowing everything).`,
+		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			lines, err := allowlistLines(args[1:])
+			if err != nil {
+				return err
+			}
 			c, err := e.apiClient(args[0])
 			if err != nil {
 				return err
 			}
-			removed, err := c.AllowlistRemove(cmd.Context(), args[1:])
+			removed, err := c.AllowlistRemove(cmd.Context(), lines)
 			if err != nil {
 				return notRunningHint(args[0], err)
 			}
-			for _, r := range removed {
+			for _, r := range removed.Entries {
 				fmt.Fprintf(e.stderr, "removed %s\n", r)
+			}
+			for _, g := range removed.Gone {
+				fmt.Fprintf(e.stderr, "%s has no rules left and is no longer allowed\n", g)
 			}
 			return nil
 		},
@@ -251,7 +279,7 @@ it (not example.com itself). Changes reach both filters and the allowlist file.`
 	var listJSON bool
 	list := &cobra.Command{
 		Use:   "list NAME",
-		Short: "Print the allowlist in force",
+		Short: "Print the allowlist in force, a line per rule",
 		Args:  exactArgs(1, "an instance NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := e.apiClient(args[0])
@@ -265,8 +293,12 @@ it (not example.com itself). Changes reach both filters and the allowlist file.`
 			if listJSON {
 				return writeJSON(e.stdout, b)
 			}
-			for _, s := range b.Entries {
-				fmt.Fprintln(e.stdout, s)
+			lines := b.Lines
+			if lines == nil {
+				lines = b.Entries // filters of an abox before rules
+			}
+			for _, s := range lines {
+				fmt.Fprintln(e.stdout, termtext.Clean(s))
 			}
 			return nil
 		},
@@ -289,8 +321,110 @@ it (not example.com itself). Changes reach both filters and the allowlist file.`
 			return nil
 		},
 	}
-	cmd.AddCommand(add, remove, list, reload, newAllowlistEditCmd(e), newAllowlistCheckCmd(e))
+	cmd.AddCommand(add, remove, list, reload, newAllowlistEditCmd(e), newAllowlistCheckCmd(e), newAllowlistPresetsCmd(e))
 	return cmd
+}
+
+// allowlistLines turns add's and remove's arguments into allowlist lines.
+// Each argument is a line, and an argument that can only be a rule's word
+// continues the line before it: one without a dot (a method list, audit;
+// no name is without one, bare top-level domains are refused) or one that
+// starts with / (a pattern). The first argument is always a line.
+func allowlistLines(args []string) ([]string, error) {
+	var out []string
+	patterns := 0
+	for _, a := range args {
+		w := strings.TrimSpace(a)
+		cont := len(out) > 0 && w != "" && !strings.ContainsAny(w, " \t") && (!strings.Contains(w, ".") || strings.HasPrefix(w, "/"))
+		if !cont {
+			out = append(out, a)
+			patterns = 0
+			if f := strings.Fields(a); len(f) > 1 {
+				patterns = strings.Count(" "+strings.Join(f[1:], " "), " /")
+			}
+			continue
+		}
+		if strings.HasPrefix(w, "/") {
+			if patterns++; patterns > 1 {
+				return nil, withHint(fmt.Errorf("%q: two patterns in one line (%s %s)", out[len(out)-1]+" "+w, out[len(out)-1], w),
+					"quote each line: the shell expands * in an unquoted pattern into file names ('api.github.com GET /**')")
+			}
+		}
+		out[len(out)-1] += " " + w
+	}
+	return out, nil
+}
+
+// newAllowlistPresetsCmd shows the presets: blocks of lines for common
+// cases, to copy into an allowlist or abox.yaml and cut down.
+func newAllowlistPresetsCmd(e *env) *cobra.Command {
+	var asJSON, asYAML bool
+	cmd := &cobra.Command{
+		Use:   "presets [PRESET]",
+		Short: "List the presets of rules, or print one's lines to copy",
+		Long: `A preset is a block of allowlist lines for a common case (read-only GitHub,
+a package registry read-only, an agent's model API). Without PRESET it lists
+them; with one it prints its lines, with what they leave out as comments, to
+copy into an allowlist file (abox allowlist edit) or, with --yaml, into
+abox.yaml's allowlist, and cut down. No list names a preset: the lines are
+what counts, and what trust is given to (docs/policy.md has each one's why).`,
+		Example: `  abox allowlist presets
+  abox allowlist presets github-readonly >> allow.txt
+  abox allowlist presets npm-readonly --yaml`,
+		Args: cobra.MaximumNArgs(1),
+		ValidArgsFunction: func(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+			var names []string
+			for _, p := range allowlist.Presets() {
+				names = append(names, p.Name)
+			}
+			return names, cobra.ShellCompDirectiveNoFileComp
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				ps := allowlist.Presets()
+				if asJSON {
+					return writeJSON(e.stdout, ps)
+				}
+				tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+				for _, p := range ps {
+					about, _, _ := strings.Cut(p.About, "\n")
+					fmt.Fprintf(tw, "%s\t%d lines\t%s\n", p.Name, len(p.Lines), about)
+				}
+				return tw.Flush()
+			}
+			p, ok := allowlist.PresetByName(args[0])
+			if !ok {
+				var names []string
+				for _, p := range allowlist.Presets() {
+					names = append(names, p.Name)
+				}
+				return usageError{fmt.Errorf("no preset %q (known: %s)", args[0], strings.Join(names, ", "))}
+			}
+			switch {
+			case asJSON:
+				return writeJSON(e.stdout, p)
+			case asYAML:
+				fmt.Fprint(e.stdout, presetYAML(p))
+			default:
+				fmt.Fprint(e.stdout, p.Text())
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asYAML, "yaml", false, "print the lines as abox.yaml allowlist items")
+	return cmd
+}
+
+// presetYAML renders p as items of abox.yaml's allowlist, one quoted line
+// each (a pattern's * and ? mean nothing to YAML inside quotes).
+func presetYAML(p allowlist.Preset) string {
+	var b strings.Builder
+	b.WriteString("allowlist:\n  # preset " + p.Name + ": " + strings.ReplaceAll(p.About, "\n", "\n  # ") + "\n")
+	for _, l := range p.Lines {
+		fmt.Fprintf(&b, "  - %q\n", l)
+	}
+	return b.String()
 }
 
 // newAllowlistCheckCmd validates a file offline, so users can check an edit

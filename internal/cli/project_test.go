@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -33,7 +34,9 @@ func TestInitWritesALoadableStarterOnce(t *testing.T) {
 	}
 	b, _ := os.ReadFile(file)
 	defer os.WriteFile(file, b, 0o644)
-	os.WriteFile(file, append(b, "# edited\n"...), 0o644)
+	// A comment only restates what was trusted (it passes, see
+	// config.TestTrustByRule); a name more widens it.
+	os.WriteFile(file, bytes.Replace(b, []byte("  - registry.npmjs.org\n"), []byte("  - registry.npmjs.org\n  - exfil.example.net\n"), 1), 0o644)
 	if ep, err := config.Load(file); err != nil {
 		t.Fatal(err)
 	} else if err := ts.Check(ep); !errors.Is(err, config.ErrUntrusted) {

@@ -489,9 +489,10 @@ func readAllowlist(path string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Lines, not entries: a name's rules are part of what it allows.
 	var out []string
-	for _, e := range l.Entries() {
-		out = append(out, e.String())
+	for _, ln := range l.Lines() {
+		out = append(out, ln.String())
 	}
 	return out, nil
 }

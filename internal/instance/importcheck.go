@@ -167,7 +167,7 @@ func importedState(m *Manager, src State, name string, has map[string]bool, cred
 // allowlist widens the sandbox beyond a fresh create: abox.yaml's trust
 // rule (config.Config.Widenings), plus --allow-host, which abox.yaml has
 // no key for.
-func ImportWidenings(st State, allow []allowlist.Entry) []config.Widening {
+func ImportWidenings(st State, allow []allowlist.Line) []config.Widening {
 	c := config.Config{
 		CPUs: st.CPUs, MemoryMiB: st.MemoryMiB, DiskGiB: st.DiskGiB, Allowlist: allow,
 		Ports: st.Ports, AllowPrivate: st.AllowPrivate, NoMITM: st.NoMITM, MITMExceptions: st.MITMExceptions,
@@ -237,7 +237,7 @@ func (m *Manager) checkTrust(file string, st State, allowFile string, trust bool
 	if err != nil {
 		return fmt.Errorf("importing %s: %w", file, err)
 	}
-	w := ImportWidenings(st, list.Entries())
+	w := ImportWidenings(st, list.Lines())
 	if len(w) == 0 {
 		return nil
 	}

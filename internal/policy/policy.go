@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -148,7 +150,7 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-const emptyHeader = "# abox allowlist: one name per line; *.example.com allows every name below example.com\n"
+const emptyHeader = "# abox allowlist: one name per line; *.example.com allows every name below example.com;\n# NAME [METHOD[,METHOD...]] [PATTERN] [audit] is a rule for a name, and its lines add up (docs/policy.md)\n"
 
 func (e *Engine) load() (*allowlist.List, error) {
 	f, err := os.Open(e.path)
@@ -272,11 +274,13 @@ func (e *Engine) reloadLocked(trigger string) error {
 	return nil
 }
 
-// Add validates entries and appends those not yet present to the file, then
-// reloads. Nothing is written if any entry is invalid. It returns the entries
-// that were added (normalised).
+// Add validates allowlist lines ("example.com", "api.github.com GET,HEAD
+// /**") and appends those not yet present to the file, then reloads. A
+// rule line adds a rule to its name's; a name cannot be both with and
+// without rules (*RulesConflictError). Nothing is written if any line is
+// invalid or conflicts. It returns the lines that were added (normalised).
 func (e *Engine) Add(raw ...string) ([]string, error) {
-	entries, err := parseEntries(raw)
+	lines, err := parseEntries(raw)
 	if err != nil {
 		return nil, err
 	}
@@ -292,10 +296,19 @@ func (e *Engine) Add(raw ...string) ([]string, error) {
 	if len(data) > 0 && data[len(data)-1] != '\n' {
 		buf.WriteByte('\n')
 	}
+	// ruled is, for each name listed or added, whether it has rules.
+	ruled := map[string]bool{}
+	for _, en := range cur.Entries() {
+		ruled[en.String()] = cur.Rules(en.String()) != nil
+	}
 	seen := map[string]bool{}
-	for _, en := range entries {
-		s := en.String()
-		if cur.Contains(en) || seen[s] {
+	for _, ln := range lines {
+		key, s := ln.Entry.String(), ln.String()
+		if r, listed := ruled[key]; listed && r != (ln.Rule != nil) {
+			return nil, &RulesConflictError{Entry: key, Rules: cur.Rules(key).String(), Line: s, Listed: cur.Contains(ln.Entry)}
+		}
+		ruled[key] = ln.Rule != nil
+		if seen[s] || hasLine(cur, ln) {
 			continue
 		}
 		seen[s] = true
@@ -308,10 +321,50 @@ func (e *Engine) Add(raw ...string) ([]string, error) {
 	return added, e.applyLocked("add", buf.Bytes())
 }
 
-// Remove deletes the lines holding the given entries and reloads. Asking to
-// remove an entry that is not in the list is an error and changes nothing.
+// RulesConflictError is an added line that would list a name both with
+// and without rules: without rules a name allows everything on it, so its
+// rules would not count.
+type RulesConflictError struct {
+	// Entry is the name; Line the line that was refused.
+	Entry, Line string
+	// Rules are the name's rules in force ("" when it has none, or when
+	// the conflict is between the lines of one Add).
+	Rules string
+	// Listed: the conflict is with the list in force, not within the
+	// lines given.
+	Listed bool
+}
+
+func (e *RulesConflictError) Error() string {
+	switch {
+	case !e.Listed:
+		return fmt.Sprintf("adding %q: %s is given both with and without rules; without rules it allows everything on it, so the rules would not count: give one or the other", e.Line, e.Entry)
+	case e.Rules != "":
+		return fmt.Sprintf("adding %q: %s is listed with rules (%s), and a line without rules would allow everything on it, so the rules would not count: to allow everything, remove the name first (which removes its rules), then add it", e.Line, e.Entry, e.Rules)
+	}
+	return fmt.Sprintf("adding %q: %s is listed without rules, which allows everything on it, so the rule would not count: to restrict it to rules, remove the name first, then add its rules", e.Line, e.Entry)
+}
+
+// hasLine reports whether l holds ln: the entry for a line without rules,
+// the same rule of the entry for a rule line.
+func hasLine(l *allowlist.List, ln allowlist.Line) bool {
+	if !l.Contains(ln.Entry) {
+		return false
+	}
+	if ln.Rule == nil {
+		return l.Rules(ln.Entry.String()) == nil
+	}
+	return slices.ContainsFunc(l.Rules(ln.Entry.String()).Rules(), ln.Rule.Equal)
+}
+
+// Remove deletes lines and reloads: a name alone removes every line of
+// that name, its rules too; a rule line ("api.github.com POST /x")
+// removes just that rule, and a name whose last rule goes is no longer
+// listed (it does not fall back to allowing everything). Asking to remove
+// what is not in the list is an error and changes nothing. It returns the
+// lines given, normalised, sorted.
 func (e *Engine) Remove(raw ...string) ([]string, error) {
-	entries, err := parseEntries(raw)
+	lines, err := parseEntries(raw)
 	if err != nil {
 		return nil, err
 	}
@@ -321,16 +374,21 @@ func (e *Engine) Remove(raw ...string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("removing from allowlist: %w", err)
 	}
-	drop := map[string]bool{}
+	// names are removed whole; rules one by one, by the line's text.
+	names, rules := map[string]bool{}, map[string]bool{}
 	var missing []string
-	for _, en := range entries {
-		if !cur.Contains(en) {
-			missing = append(missing, en.String())
+	for _, ln := range lines {
+		switch {
+		case ln.Rule == nil && cur.Contains(ln.Entry):
+			names[ln.Entry.String()] = true
+		case ln.Rule != nil && hasLine(cur, ln):
+			rules[ln.String()] = true
+		default:
+			missing = append(missing, ln.String())
 		}
-		drop[en.String()] = true
 	}
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("removing from allowlist: not listed: %s (see abox allowlist list)", strings.Join(missing, ", "))
+		return nil, fmt.Errorf("removing from allowlist: not listed: %s (see abox allowlist list; a rule is removed by its whole line, the name alone removes all its rules)", strings.Join(missing, ", "))
 	}
 	var out bytes.Buffer
 	for _, line := range strings.SplitAfter(string(data), "\n") {
@@ -340,16 +398,14 @@ func (e *Engine) Remove(raw ...string) ([]string, error) {
 		}
 		body = strings.TrimSpace(body)
 		if body != "" {
-			if en, err := allowlist.ParseEntry(body); err == nil && drop[en.String()] {
+			if ln, err := allowlist.ParseLine(body); err == nil && (names[ln.Entry.String()] || rules[ln.String()]) {
 				continue
 			}
 		}
 		out.WriteString(line)
 	}
-	removed := make([]string, 0, len(drop))
-	for s := range drop {
-		removed = append(removed, s)
-	}
+	removed := slices.Sorted(maps.Keys(names))
+	removed = append(removed, slices.Sorted(maps.Keys(rules))...)
 	sort.Strings(removed)
 	return removed, e.applyLocked("remove", out.Bytes())
 }
@@ -362,19 +418,26 @@ func (e *Engine) writeLocked(data []byte) error {
 	return e.writeFile(e.path, data, perm)
 }
 
-func parseEntries(raw []string) ([]allowlist.Entry, error) {
+// parseEntries parses allowlist lines given one per string.
+func parseEntries(raw []string) ([]allowlist.Line, error) {
 	if len(raw) == 0 {
 		return nil, errors.New("no entries given")
 	}
 	var errs []string
-	out := make([]allowlist.Entry, 0, len(raw))
+	out := make([]allowlist.Line, 0, len(raw))
 	for _, r := range raw {
-		en, err := allowlist.ParseEntry(r)
+		if strings.ContainsAny(r, "#\n\r") {
+			// A comment or a second line would be written to the file as
+			// given, or cut from what was checked.
+			errs = append(errs, fmt.Sprintf("%q: one line, without # comments", r))
+			continue
+		}
+		ln, err := allowlist.ParseLine(r)
 		if err != nil {
 			errs = append(errs, err.Error())
 			continue
 		}
-		out = append(out, en)
+		out = append(out, ln)
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("invalid allowlist entry: %s", strings.Join(errs, "; "))

@@ -15,15 +15,22 @@ import (
 	"github.com/abox-dev/abox/internal/termtext"
 )
 
-// syncAllowlist makes the running instance's allowlist the file's: what is
-// missing is added, what the file no longer names is removed.
+// syncAllowlist makes the running instance's allowlist the file's, line by
+// line: what is missing is added, what the file no longer has is removed
+// (a rule line by itself). Removals go first: a name that changes from no
+// rules to rules, or back, is refused by add while the other form is
+// listed, and the list in between is narrower than both, never wider.
 func syncAllowlist(ctx context.Context, c *api.Client, want []string) ([]string, error) {
 	cur, err := c.Allowlist(ctx)
 	if err != nil {
 		return nil, err
 	}
+	lines := cur.Lines
+	if lines == nil {
+		lines = cur.Entries // filters of an abox before rules
+	}
 	have := map[string]bool{}
-	for _, e := range cur.Entries {
+	for _, e := range lines {
 		have[e] = true
 	}
 	wanted := map[string]bool{}
@@ -34,26 +41,26 @@ func syncAllowlist(ctx context.Context, c *api.Client, want []string) ([]string,
 			add = append(add, e)
 		}
 	}
-	for _, e := range cur.Entries {
+	for _, e := range lines {
 		if !wanted[e] {
 			remove = append(remove, e)
 		}
 	}
 	var applied []string
-	if len(add) > 0 {
-		if _, err := c.AllowlistAdd(ctx, add); err != nil {
-			return nil, err
-		}
-		for _, e := range add {
-			applied = append(applied, "allowlist +"+e)
-		}
-	}
 	if len(remove) > 0 {
 		if _, err := c.AllowlistRemove(ctx, remove); err != nil {
 			return nil, err
 		}
 		for _, e := range remove {
 			applied = append(applied, "allowlist -"+e)
+		}
+	}
+	if len(add) > 0 {
+		if _, err := c.AllowlistAdd(ctx, add); err != nil {
+			return applied, err
+		}
+		for _, e := range add {
+			applied = append(applied, "allowlist +"+e)
 		}
 	}
 	return applied, nil
