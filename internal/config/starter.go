@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/abox-dev/abox/internal/allowlist"
 )
 
 // Preset is a named group of allowlist entries a common agent or
@@ -35,10 +37,14 @@ func Presets() []Preset {
 	return out
 }
 
-// PresetNames is the comma-separated list for help texts.
+// PresetNames is the comma-separated list for help texts: these presets,
+// then the allowlist's presets of rules (allowlist.Presets).
 func PresetNames() string {
 	var n []string
 	for _, p := range Presets() {
+		n = append(n, p.Name)
+	}
+	for _, p := range allowlist.Presets() {
 		n = append(n, p.Name)
 	}
 	return strings.Join(n, ", ")
@@ -54,20 +60,37 @@ func Starter(name string, presetNames []string) (string, error) {
 	}
 	var allow strings.Builder
 	for _, n := range presetNames {
-		p, ok := byName[n]
+		if p, ok := byName[n]; ok {
+			fmt.Fprintf(&allow, "  # preset %s: %s\n", p.Name, p.Doc)
+			for _, e := range p.Entries {
+				fmt.Fprintf(&allow, "  - %s\n", e)
+			}
+			continue
+		}
+		p, ok := allowlist.PresetByName(n)
 		if !ok {
 			return "", fmt.Errorf("no preset %q (known: %s)", n, PresetNames())
 		}
-		fmt.Fprintf(&allow, "  # preset %s: %s\n", p.Name, p.Doc)
-		for _, e := range p.Entries {
-			fmt.Fprintf(&allow, "  - %s\n", e)
+		// Lines with rules, quoted: a pattern's * and ? mean nothing to
+		// YAML inside quotes.
+		fmt.Fprintf(&allow, "  # preset %s: %s\n", p.Name, strings.ReplaceAll(p.About, "\n", "\n  # "))
+		for _, l := range p.Lines {
+			fmt.Fprintf(&allow, "  - %q\n", l)
 		}
 	}
 	allowBlock := "allowlist: []\n"
 	if allow.Len() > 0 {
 		allowBlock = "allowlist:\n" + allow.String()
 	}
-	return fmt.Sprintf(starterTemplate, name, allowBlock), nil
+	text := fmt.Sprintf(starterTemplate, name, allowBlock)
+	// Presets that name one host with rules and without ("github" and
+	// "github-readonly") cannot go together.
+	if d, err := Parse(strings.NewReader(text), FileName); err != nil {
+		return "", fmt.Errorf("presets %s together: %w", strings.Join(presetNames, ", "), err)
+	} else if _, err := d.Validate(); err != nil {
+		return "", fmt.Errorf("presets %s together: %w", strings.Join(presetNames, ", "), err)
+	}
+	return text, nil
 }
 
 const starterTemplate = `# abox.yaml: the sandbox this project's agent runs in (abox help abox-yaml).
@@ -88,10 +111,17 @@ disk: 10              # GiB
 accel: auto           # kvm, tcg or auto
 
 # Host names the guest may reach, through the DNS filter and the proxy
-# (trust: abox init trusts the entries it writes; an edit asks again).
+# (trust: abox init trusts the entries it writes; an edit that allows more
+# asks again, one that only narrows does not).
 # "example.com" is exactly that name; "*.example.com" every name below it.
+# An item may carry a rule, as an allowlist line does, and then the host
+# allows only what its rules allow (abox allowlist presets; docs/policy.md):
+#   - "api.github.com GET,HEAD /**"
+#   - host: registry.example.org
+#     rules: ["GET,HEAD /**", "PUT /incoming/*"]
+#     audit: true             # allow all, log what the rules would refuse
 %s
-# allowlist_file: allow.txt   # more entries, one per line, in this directory
+# allowlist_file: allow.txt   # more lines, in allowlist syntax, in this directory
 
 # mode: active                # passive records instead of blocking (trust)
 

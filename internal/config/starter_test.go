@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/abox-dev/abox/internal/allowlist"
 )
 
 // keyPaths lists every key of version 1 as a dotted path.
@@ -93,5 +95,35 @@ func TestStarterIsValidAndNamesEveryKey(t *testing.T) {
 	}
 	if _, err := Starter("dev", []string{"nope"}); err == nil {
 		t.Error("unknown preset accepted")
+	}
+}
+
+// TestStarterWithRulePresets: the allowlist's presets of rules reach the
+// starter as quoted lines that load as the preset's lines, and presets
+// naming one host with and without rules are refused together.
+func TestStarterWithRulePresets(t *testing.T) {
+	text, err := Starter("dev", []string{"github-readonly", "npm-readonly"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Parse(strings.NewReader(text), "abox.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := d.Validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ln := range c.Allowlist {
+		got = append(got, ln.String())
+	}
+	gh, _ := allowlist.PresetByName("github-readonly")
+	npm, _ := allowlist.PresetByName("npm-readonly")
+	if want := append(gh.Lines, npm.Lines...); !reflect.DeepEqual(got, want) {
+		t.Errorf("lines:\n got %q\nwant %q", got, want)
+	}
+	if _, err := Starter("dev", []string{"github", "github-readonly"}); err == nil || !strings.Contains(err.Error(), "github.com is listed with rules") {
+		t.Errorf("github with github-readonly: %v", err)
 	}
 }
