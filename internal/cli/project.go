@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -228,7 +229,8 @@ func newTrustCmd(e *env) *cobra.Command {
 		Long: `Show the settings of an abox.yaml that widen what the guest may reach or
 replace hardened defaults, and record that you trust this exact content (with
 the template and CA bundle it names) under the abox data directory, never in
-the project. Any change to the file asks again.`,
+the project. A change that allows more asks again (a name, a rule or a wider
+one, another setting); one that only narrows what you trusted does not.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := loadProject(file)
@@ -248,6 +250,14 @@ the project. Any change to the file asks again.`,
 			fmt.Fprintf(e.stderr, "trusting %s, which:\n", p.Path)
 			for _, w := range ws {
 				fmt.Fprintf(e.stderr, "  %s: %s\n", w.Key, termtext.Clean(w.Why))
+			}
+			// What is new since the content trusted last is what to read.
+			var ue *config.UntrustedError
+			if err := ts.Check(p); errors.As(err, &ue) && len(ue.Since) > 0 {
+				fmt.Fprintf(e.stderr, "beyond the content trusted at %s, it:\n", ue.TrustedAt.Format(time.RFC3339))
+				for _, w := range ue.Since {
+					fmt.Fprintf(e.stderr, "  %s: %s\n", w.Key, termtext.Clean(w.Why))
+				}
 			}
 			return ts.Trust(p)
 		},

@@ -190,7 +190,13 @@ func Parse(r io.Reader, source string) (*Doc, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, &Error{Source: source, Msg: "empty file (start with `version: 1`; `abox init` writes a starter)"}
 		}
-		return nil, &Error{Source: source, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+		msg := strings.TrimPrefix(err.Error(), "yaml: ")
+		if strings.Contains(msg, "did not find expected alphabetic or numeric character") {
+			// yaml.v3's words for an alias with no name: what an unquoted
+			// wildcard entry reads as.
+			msg += ` (a value that starts with * is an alias to YAML: quote it, as in - "*.example.com")`
+		}
+		return nil, &Error{Source: source, Msg: msg}
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {

@@ -69,6 +69,7 @@ func TestAllowlistRulesErrors(t *testing.T) {
 		{"unknown key", "  - host: a.example.com\n    rule: [\"GET /\"]\n", `abox.yaml:5:5: unknown key "allowlist[0].rule" (did you mean "rules"?)`},
 		{"rules not a list", "  - host: a.example.com\n    rules: GET /\n", "abox.yaml:5:12: allowlist[0].rules: want a list"},
 		{"audit not a bool", "  - host: a.example.com\n    audit: yes\n", "allowlist[0].audit: want true or false"},
+		{"an unquoted wildcard", "  - *.example.com\n", `abox.yaml: line 4: did not find expected alphabetic or numeric character (a value that starts with * is an alias to YAML: quote it, as in - "*.example.com")`},
 		{"a list item", "  - [a.example.com]\n", "abox.yaml:4:5: allowlist[0]: want an allowlist line"},
 		{"two names", "  - \"a.example.com b.example.com\"\n", "one name per line"},
 		{"with and without rules", "  - a.example.com\n  - host: a.example.com\n    rules: [\"GET /\"]\n",
