@@ -366,10 +366,14 @@ func (s *Server) writeEditErr(w http.ResponseWriter, err error) {
 	var ce *policy.RulesConflictError
 	switch {
 	case errors.As(err, &ce) && ce.Listed:
+		name := s.Instance
+		if name == "" {
+			name = "NAME" // a standalone filter's API
+		}
 		if ce.Rules != "" {
-			writeErr(w, http.StatusUnprocessableEntity, err, fmt.Sprintf("abox allowlist remove %s %s, then abox allowlist add %s %s", s.Instance, ce.Entry, s.Instance, ce.Line))
+			writeErr(w, http.StatusUnprocessableEntity, err, fmt.Sprintf("abox allowlist remove %s %s, then abox allowlist add %s %s", name, ce.Entry, name, ce.Line))
 		} else {
-			writeErr(w, http.StatusUnprocessableEntity, err, fmt.Sprintf("abox allowlist remove %s %s, then abox allowlist add %s '%s' (and its other rules)", s.Instance, ce.Entry, s.Instance, ce.Line))
+			writeErr(w, http.StatusUnprocessableEntity, err, fmt.Sprintf("abox allowlist remove %s %s, then abox allowlist add %s '%s' (and its other rules)", name, ce.Entry, name, ce.Line))
 		}
 	case errors.Is(err, policy.ErrChanged):
 		writeErr(w, http.StatusConflict, err, "run the edit again")

@@ -291,11 +291,6 @@ func (e *Engine) Add(raw ...string) ([]string, error) {
 		return nil, fmt.Errorf("adding to allowlist: %w", err)
 	}
 	var added []string
-	var buf bytes.Buffer
-	buf.Write(data)
-	if len(data) > 0 && data[len(data)-1] != '\n' {
-		buf.WriteByte('\n')
-	}
 	// ruled is, for each name listed or added, whether it has rules.
 	ruled := map[string]bool{}
 	for _, en := range cur.Entries() {
@@ -312,13 +307,59 @@ func (e *Engine) Add(raw ...string) ([]string, error) {
 			continue
 		}
 		seen[s] = true
-		buf.WriteString(s + "\n")
 		added = append(added, s)
 	}
 	if len(added) == 0 {
 		return nil, nil
 	}
-	return added, e.applyLocked("add", buf.Bytes())
+	return added, e.applyLocked("add", insertLines(data, added))
+}
+
+// insertLines adds lines to an allowlist text: a rule of a name already in
+// the text right after that name's last line, so a name's rules read
+// together, anything else at the end, in the order given.
+func insertLines(data []byte, lines []string) []byte {
+	text := strings.SplitAfter(string(data), "\n")
+	if n := len(text); text[n-1] == "" {
+		text = text[:n-1]
+	}
+	if n := len(text); n > 0 && !strings.HasSuffix(text[n-1], "\n") {
+		text[n-1] += "\n"
+	}
+	last := map[string]int{}
+	for i, t := range text {
+		if ln, err := allowlist.ParseLine(stripComment(t)); err == nil {
+			last[ln.Entry.String()] = i
+		}
+	}
+	after := map[int][]string{}
+	var tail []string
+	for _, s := range lines {
+		ln, _ := allowlist.ParseLine(s)
+		if i, ok := last[ln.Entry.String()]; ok {
+			after[i] = append(after[i], s)
+		} else {
+			tail = append(tail, s)
+		}
+	}
+	var b bytes.Buffer
+	for i, t := range text {
+		b.WriteString(t)
+		for _, s := range after[i] {
+			b.WriteString(s + "\n")
+		}
+	}
+	for _, s := range tail {
+		b.WriteString(s + "\n")
+	}
+	return b.Bytes()
+}
+
+func stripComment(s string) string {
+	if i := strings.IndexByte(s, '#'); i >= 0 {
+		s = s[:i]
+	}
+	return strings.TrimSpace(s)
 }
 
 // RulesConflictError is an added line that would list a name both with
@@ -392,12 +433,7 @@ func (e *Engine) Remove(raw ...string) ([]string, error) {
 	}
 	var out bytes.Buffer
 	for _, line := range strings.SplitAfter(string(data), "\n") {
-		body := line
-		if i := strings.IndexByte(body, '#'); i >= 0 {
-			body = body[:i]
-		}
-		body = strings.TrimSpace(body)
-		if body != "" {
+		if body := stripComment(line); body != "" {
 			if ln, err := allowlist.ParseLine(body); err == nil && (names[ln.Entry.String()] || rules[ln.String()]) {
 				continue
 			}

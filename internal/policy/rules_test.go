@@ -21,7 +21,8 @@ func TestAddRemoveRules(t *testing.T) {
 	if got, want := fmt.Sprint(added), "[api.github.com POST /repos/acme/app/pulls registry.example.org GET /** audit]"; got != want {
 		t.Errorf("added = %s, want %s (a rule in force is not added twice)", got, want)
 	}
-	want := start + "api.github.com POST /repos/acme/app/pulls\nregistry.example.org GET /** audit\n"
+	// A name's new rule goes after its last line; a new name at the end.
+	want := "# top comment\nexample.com\napi.github.com GET,HEAD /** # reads\napi.github.com POST /repos/acme/app/pulls\n# tail comment\nregistry.example.org GET /** audit\n"
 	if data, _ := os.ReadFile(e.Path()); string(data) != want {
 		t.Errorf("file after add:\n%s\nwant:\n%s", data, want)
 	}
@@ -60,6 +61,18 @@ func TestAddRemoveRules(t *testing.T) {
 	want = "# top comment\nexample.com\n# tail comment\n"
 	if data, _ := os.ReadFile(e.Path()); string(data) != want {
 		t.Errorf("file after removes:\n%s\nwant:\n%s", data, want)
+	}
+}
+
+// TestAddKeepsAFileWithoutFinalNewline: a last line without its newline
+// is not joined to the line added after it.
+func TestAddKeepsAFileWithoutFinalNewline(t *testing.T) {
+	e := newEngine(t, "a.example.com GET /")
+	if _, err := e.Add("a.example.com POST /x", "b.example.com"); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := os.ReadFile(e.Path()); string(data) != "a.example.com GET /\na.example.com POST /x\nb.example.com\n" {
+		t.Errorf("file = %q", data)
 	}
 }
 
