@@ -388,7 +388,11 @@ what counts, and what trust is given to (docs/policy.md has each one's why).`,
 				tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 				for _, p := range ps {
 					about, _, _ := strings.Cut(p.About, "\n")
-					fmt.Fprintf(tw, "%s\t%d lines\t%s\n", p.Name, len(p.Lines), about)
+					n := fmt.Sprintf("%d lines", len(p.Lines))
+					if len(p.Lines) == 1 {
+						n = "1 line"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\n", p.Name, n, about)
 				}
 				return tw.Flush()
 			}
