@@ -75,6 +75,8 @@ type AllowlistItem struct {
 	// Line is the string form; "" when the item is a mapping.
 	Line string
 	AllowlistHost
+	// mapping: the item was written as a mapping.
+	mapping bool
 }
 
 // AllowlistHost is the mapping form of an allowlist item.
@@ -94,6 +96,7 @@ func (a *AllowlistItem) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind == yaml.ScalarNode {
 		return n.Decode(&a.Line)
 	}
+	a.mapping = true
 	return n.Decode(&a.AllowlistHost)
 }
 

@@ -63,6 +63,8 @@ func TestAllowlistRulesErrors(t *testing.T) {
 		{"pattern not canonical", "  - host: a.example.com\n    rules:\n      - GET /a/../b\n", `abox.yaml:6:9: allowlist[0].rules[0]: a.example.com: "/a/../b" is not a canonical path`},
 		{"partial wildcard", "  - \"a.example.com GET /*.git\"\n", "abox.yaml:4:5: allowlist[0]: a.example.com: \"/*.git\": * and ** stand for whole segments"},
 		{"empty rules", "  - host: a.example.com\n    rules: []\n", "abox.yaml:5:12: allowlist[0].rules: no rules; leave rules out"},
+		{"rules without a value", "  - host: a.example.com\n    rules:\n", "abox.yaml:5:11: allowlist[0].rules: no rules; leave rules out"},
+		{"an empty mapping", "  - {}\n", "abox.yaml:4:5: allowlist[0]: no host"},
 		{"empty rule", "  - host: a.example.com\n    rules: [\"\"]\n", "abox.yaml:5:13: allowlist[0].rules[0]: an empty rule"},
 		{"no host", "  - rules: [\"GET /\"]\n", "abox.yaml:4:5: allowlist[0]: no host"},
 		{"bad host", "  - host: \"*\"\n    rules: [\"GET /\"]\n", `abox.yaml:4:11: allowlist[0].host: "*" would allow everything`},

@@ -262,7 +262,7 @@ func (d *Doc) allowlistLines(items []AllowlistItem) ([]allowlist.Line, error) {
 	for i, it := range items {
 		key := fmt.Sprintf("allowlist[%d]", i)
 		var lines []allowlist.Line
-		if it.Line != "" || it.Host == "" && it.Rules == nil && !it.Audit {
+		if !it.mapping {
 			ln, err := allowlist.ParseLine(it.Line)
 			if err != nil {
 				return nil, d.errAt(key, "%v", err)
@@ -276,7 +276,7 @@ func (d *Doc) allowlistLines(items []AllowlistItem) ([]allowlist.Line, error) {
 			if err != nil {
 				return nil, d.errAt(key+".host", "%v", err)
 			}
-			if it.Rules != nil && len(it.Rules) == 0 {
+			if _, given := d.pos[key+".rules"]; given && len(it.Rules) == 0 {
 				return nil, d.errAt(key+".rules", "no rules; leave rules out to allow everything on %s, or list them (\"GET,HEAD /**\")", e)
 			}
 			for j, rs := range it.Rules {
