@@ -38,6 +38,8 @@ func FuzzParse(f *testing.F) {
 		"version: 1\nname: &a dev\nbase: *a\n",
 		"version: 1\nname: dev\n---\nversion: 1\n",
 		"version: 1\nname: dev\nallowlist: [\"a.example.com\\e[8m\"]\nprovision: {scripts: [\"../x\"]}\n",
+		"version: 1\nname: dev\nallowlist:\n  - \"github.com GET /*/*/info/refs?service=git-upload-pack\"\n  - host: api.github.com\n    rules: [\"GET,HEAD /**\", \"POST /repos/acme/app/pulls audit\"]\n    audit: true\n",
+		"version: 1\nname: dev\nallowlist: [{host: a.example.com, rules: []}, {}, [x], a.example.com]\nmitm: {exceptions: [a.example.com]}\n",
 	} {
 		f.Add([]byte(s))
 	}
