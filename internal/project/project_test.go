@@ -89,6 +89,9 @@ func TestBlockedNamesTheFix(t *testing.T) {
 		{"http", decision{Verdict: "block", Reason: "not_allowlisted", Host: "files.pythonhosted.org", Port: 443}, Blocked{"http", "files.pythonhosted.org:443", "not_allowlisted", "allowlist: [files.pythonhosted.org]"}},
 		{"http", decision{Verdict: "block", Reason: "port_not_allowed", Host: "git.example.com", Port: 9418}, Blocked{"http", "git.example.com:9418", "port_not_allowed", "ports: [9418]"}},
 		{"http", decision{Verdict: "block", Reason: "private", Host: "10.0.0.5", Port: 80}, Blocked{"http", "10.0.0.5:80", "private", ""}},
+		{"http", decision{Verdict: "block", Reason: "method_not_allowed", Host: "api.github.com", Port: 443, Method: "POST", Path: "/repos/acme/app/./pulls?x=1"}, Blocked{"http", "api.github.com:443", "method_not_allowed", `the rule "POST /repos/acme/app/pulls" to the allowlist entry that decides api.github.com (abox explain api.github.com tells which)`}},
+		{"http", decision{Verdict: "block", Reason: "path_not_allowed", Host: "api.github.com", Port: 443, Method: "GET", Path: "/a\x1b[2J"}, Blocked{"http", "api.github.com:443", "path_not_allowed", ""}},
+		{"http", decision{Verdict: "block", Reason: "method_not_allowed", Host: "api.github.com", Port: 443, Method: "GET\x1b[2J", Path: "/a"}, Blocked{"http", "api.github.com:443", "method_not_allowed", ""}},
 		// The guest names what it asks for; up prints it on the terminal.
 		{"http", decision{Verdict: "block", Reason: "invalid_name", Host: "x\x1b]0;pwned\x07\u202e", Port: 443}, Blocked{"http", `x\x1b]0;pwned\x07\u202e:443`, "invalid_name", ""}},
 		{"dns", decision{Verdict: "block", Reason: "not_allowlisted\x1b[2K", Name: "a\rb"}, Blocked{"dns", `a\rb`, `not_allowlisted\x1b[2K`, ""}},

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/api"
@@ -12,6 +13,7 @@ import (
 	"github.com/abox-dev/abox/internal/guest"
 	"github.com/abox-dev/abox/internal/httpfilter"
 	"github.com/abox-dev/abox/internal/policy"
+	"github.com/abox-dev/abox/internal/reqrules"
 	"github.com/abox-dev/abox/internal/termtext"
 )
 
@@ -113,6 +115,10 @@ type decision struct {
 	Name    string `json:"name"` // dns
 	Host    string `json:"host"` // http
 	Port    int    `json:"port"` // http
+	// Method and Path (the request-target, query included) of an http
+	// request a rule refused.
+	Method string `json:"method"`
+	Path   string `json:"path"`
 }
 
 // blockedSince collects the refusals logged after marks, one per target.
@@ -168,6 +174,23 @@ func blockedOf(comp string, dc decision) Blocked {
 		}
 	case httpfilter.ReasonPortNotAllowed:
 		b.Fix = fmt.Sprintf("ports: [%d]", dc.Port)
+	case reqrules.ReasonMethodNotAllowed, reqrules.ReasonPathNotAllowed:
+		// A rule for the exact request, on the entry that refused it: a
+		// new exact item would decide the host instead of a wildcard's.
+		// Only a rule that parses is named, so the guest's method and
+		// path reach the terminal as a canonical rule or not at all.
+		e, err := allowlist.ParseEntry(dc.Host)
+		if err != nil {
+			break
+		}
+		p, _, _ := strings.Cut(dc.Path, "?")
+		canon, err := reqrules.Normalize(p)
+		if err != nil {
+			break
+		}
+		if r, err := reqrules.ParseRule(dc.Method + " " + canon); err == nil && len(r.Methods()) == 1 {
+			b.Fix = fmt.Sprintf("the rule %q to the allowlist entry that decides %s (abox explain %s tells which)", r.String(), e, e)
+		}
 	}
 	return b
 }
