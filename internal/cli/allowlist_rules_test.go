@@ -29,6 +29,12 @@ func TestAllowlistRuleCommands(t *testing.T) {
 	if !errors.As(err, &ae) || !strings.Contains(err.Error(), "example.com is listed without rules") || !strings.Contains(ae.Hint, "abox allowlist remove dev example.com") {
 		t.Errorf("a rule for a name without rules: %v", err)
 	}
+	if _, _, err := run("allowlist", "add", "dev", "uploads.example.com", "--rule", "PUT /incoming/*", "--rule", "GET /incoming/*"); err != nil || eng.List().Rules("uploads.example.com").String() != "PUT /incoming/*; GET /incoming/*" {
+		t.Errorf("add --rule: %v, rules %q", err, eng.List().Rules("uploads.example.com").String())
+	}
+	if _, _, err := run("allowlist", "remove", "dev", "uploads.example.com", "--rule", "PUT /incoming/*"); err != nil || eng.List().Rules("uploads.example.com").String() != "GET /incoming/*" {
+		t.Errorf("remove --rule: %v, rules %q", err, eng.List().Rules("uploads.example.com").String())
+	}
 	if _, stderr, err := run("allowlist", "remove", "dev", "api.github.com POST /repos/acme/app/pulls"); err != nil || strings.Contains(stderr, "no rules left") {
 		t.Errorf("remove one rule: %v %q", err, stderr)
 	}
@@ -42,21 +48,25 @@ func TestAllowlistRuleCommands(t *testing.T) {
 
 func TestAllowlistLines(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		args []string
-		want []string
-		err  string
+		name  string
+		args  []string
+		rules []string
+		want  []string
+		err   string
 	}{
-		{"names", []string{"a.example.com", "*.example.org"}, []string{"a.example.com", "*.example.org"}, ""},
-		{"whole lines", []string{"a.example.com GET /x", "b.example.com"}, []string{"a.example.com GET /x", "b.example.com"}, ""},
-		{"words", []string{"a.example.com", "GET,HEAD", "/x.git", "audit", "b.example.com", "POST"}, []string{"a.example.com GET,HEAD /x.git audit", "b.example.com POST"}, ""},
-		{"a lower-case method joins to be refused by the rule", []string{"a.example.com", "get"}, []string{"a.example.com get"}, ""},
-		{"the first is a line", []string{"localhost"}, []string{"localhost"}, ""},
-		{"a glob the shell expanded", []string{"a.example.com", "GET", "/bin", "/boot"}, nil, "two patterns in one line"},
-		{"a glob after a whole line", []string{"a.example.com GET /bin", "/boot"}, nil, "two patterns in one line"},
+		{"names", []string{"a.example.com", "*.example.org"}, nil, []string{"a.example.com", "*.example.org"}, ""},
+		{"whole lines", []string{"a.example.com GET /x", "b.example.com"}, nil, []string{"a.example.com GET /x", "b.example.com"}, ""},
+		{"words", []string{"a.example.com", "GET,HEAD", "/x.git", "audit", "b.example.com", "POST"}, nil, []string{"a.example.com GET,HEAD /x.git audit", "b.example.com POST"}, ""},
+		{"a lower-case method joins to be refused by the rule", []string{"a.example.com", "get"}, nil, []string{"a.example.com get"}, ""},
+		{"the first is a line", []string{"localhost"}, nil, []string{"localhost"}, ""},
+		{"a glob the shell expanded", []string{"a.example.com", "GET", "/bin", "/boot"}, nil, nil, "two patterns in one line"},
+		{"a glob after a whole line", []string{"a.example.com GET /bin", "/boot"}, nil, nil, "two patterns in one line"},
+		{"--rule for each name", []string{"a.example.com", "b.example.com"}, []string{"GET /**", "POST /x"}, []string{"a.example.com GET /**", "a.example.com POST /x", "b.example.com GET /**", "b.example.com POST /x"}, ""},
+		{"--rule with a line", []string{"a.example.com GET /"}, []string{"POST /x"}, nil, "with --rule, give names only"},
+		{"--rule with a rule word", []string{"a.example.com", "GET"}, []string{"POST /x"}, nil, "with --rule, give names only"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := allowlistLines(tc.args)
+			got, err := allowlistLines(tc.args, tc.rules)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Errorf("err = %v, want %q", err, tc.err)

@@ -212,20 +212,23 @@ such as 'api.github.com GET,HEAD /**'. The lines of one name add up; a name with
 rules allows only what they allow (docs/policy.md). Quote a line with a pattern:
 the shell would expand its *.`,
 	}
+	var addRules, removeRules []string
 	add := &cobra.Command{
 		Use:   "add NAME LINE...",
 		Short: "Allow names, or add rules to a name",
 		Long: `Each LINE is an allowlist line: a name ("example.com") or a name and one
 rule ('api.github.com GET,HEAD /**'). The words of a rule may also follow the
-name as arguments of their own (api.github.com GET,HEAD '/**'). A name is listed
+name as arguments of their own (api.github.com GET,HEAD '/**'), or be given with
+--rule for every name listed (api.github.com --rule 'GET,HEAD /**'). A name is listed
 either without rules (everything on it) or with rules, never both: to change a
 name from one to the other, remove it first.`,
 		Example: `  abox allowlist add dev example.com '*.example.org'
   abox allowlist add dev 'api.github.com GET,HEAD /**' 'api.github.com POST /repos/acme/app/pulls'
+  abox allowlist add dev api.github.com --rule 'GET,HEAD /**' --rule 'POST /repos/acme/app/pulls'
   abox allowlist presets github-readonly   # lines to copy`,
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			lines, err := allowlistLines(args[1:])
+			lines, err := allowlistLines(args[1:], addRules)
 			if err != nil {
 				return err
 			}
@@ -246,6 +249,7 @@ name from one to the other, remove it first.`,
 			return nil
 		},
 	}
+	add.Flags().StringArrayVar(&addRules, "rule", nil, "a rule, [METHOD[,METHOD...]] [PATTERN] [audit], for every NAME given (repeatable)")
 	remove := &cobra.Command{
 		Use:   "remove NAME LINE...",
 		Short: "Stop allowing names, or remove one rule of a name",
@@ -255,7 +259,7 @@ whose last rule is removed is no longer allowed at all (it does not go back
 to allowing everything).`,
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			lines, err := allowlistLines(args[1:])
+			lines, err := allowlistLines(args[1:], removeRules)
 			if err != nil {
 				return err
 			}
@@ -276,6 +280,7 @@ to allowing everything).`,
 			return nil
 		},
 	}
+	remove.Flags().StringArrayVar(&removeRules, "rule", nil, "remove this rule of every NAME given, not the names (repeatable)")
 	var listJSON bool
 	list := &cobra.Command{
 		Use:   "list NAME",
@@ -329,8 +334,21 @@ to allowing everything).`,
 // Each argument is a line, and an argument that can only be a rule's word
 // continues the line before it: one without a dot (a method list, audit;
 // no name is without one, bare top-level domains are refused) or one that
-// starts with / (a pattern). The first argument is always a line.
-func allowlistLines(args []string) ([]string, error) {
+// starts with / (a pattern). The first argument is always a line. With
+// rules (--rule), every argument is a name and gets each rule.
+func allowlistLines(args, rules []string) ([]string, error) {
+	if len(rules) > 0 {
+		var out []string
+		for _, a := range args {
+			if f := strings.Fields(a); len(f) != 1 || !strings.Contains(a, ".") {
+				return nil, usageError{fmt.Errorf("%q: with --rule, give names only (api.github.com --rule 'GET,HEAD /**')", a)}
+			}
+			for _, r := range rules {
+				out = append(out, strings.TrimSpace(a)+" "+r)
+			}
+		}
+		return out, nil
+	}
 	var out []string
 	patterns := 0
 	for _, a := range args {
