@@ -218,10 +218,10 @@ the shell would expand its *.`,
 		Short: "Allow names, or add rules to a name",
 		Long: `Each LINE is an allowlist line: a name ("example.com") or a name and one
 rule ('api.github.com GET,HEAD /**'). The words of a rule may also follow the
-name as arguments of their own (api.github.com GET,HEAD '/**'), or be given with
---rule for every name listed (api.github.com --rule 'GET,HEAD /**'). A name is listed
-either without rules (everything on it) or with rules, never both: to change a
-name from one to the other, remove it first.`,
+name as arguments of their own (api.github.com GET,HEAD '/**'), or be given
+with --rule for every name listed (api.github.com --rule 'GET,HEAD /**'). A
+name is listed either without rules (everything on it) or with rules, never
+both: to change a name from one to the other, remove it first.`,
 		Example: `  abox allowlist add dev example.com '*.example.org'
   abox allowlist add dev 'api.github.com GET,HEAD /**' 'api.github.com POST /repos/acme/app/pulls'
   abox allowlist add dev api.github.com --rule 'GET,HEAD /**' --rule 'POST /repos/acme/app/pulls'
@@ -249,7 +249,7 @@ name from one to the other, remove it first.`,
 			return nil
 		},
 	}
-	add.Flags().StringArrayVar(&addRules, "rule", nil, "a rule, [METHOD[,METHOD...]] [PATTERN] [audit], for every NAME given (repeatable)")
+	add.Flags().StringArrayVar(&addRules, "rule", nil, "a rule, [METHOD[,METHOD...]] [PATTERN] [audit], for every name given (repeatable)")
 	remove := &cobra.Command{
 		Use:   "remove NAME LINE...",
 		Short: "Stop allowing names, or remove one rule of a name",
@@ -280,7 +280,7 @@ to allowing everything).`,
 			return nil
 		},
 	}
-	remove.Flags().StringArrayVar(&removeRules, "rule", nil, "remove this rule of every NAME given, not the names (repeatable)")
+	remove.Flags().StringArrayVar(&removeRules, "rule", nil, "remove this rule of every name given, not the names (repeatable)")
 	var listJSON bool
 	list := &cobra.Command{
 		Use:   "list NAME",
