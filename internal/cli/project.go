@@ -89,7 +89,7 @@ can read and cut. Presets: ` + config.PresetNames() + `.`,
 			}
 			// The presets' names widen the allowlist; this content is
 			// abox's and asked for by the user, so it is trusted as
-			// written (any edit asks again).
+			// written (an edit that allows more asks again).
 			if err := e.trustWritten(file, []byte(text)); err != nil {
 				return err
 			}
