@@ -212,7 +212,8 @@ type ErrorBody struct {
 // EntriesBody carries allowlist entries both ways. In a request, each of
 // Entries is an allowlist line: a name, or a name and one rule
 // ("api.github.com GET,HEAD /**"). In a listing, Entries are the names and
-// Lines every line, a name with rules once per rule.
+// Lines every line, a name with rules once per rule; after a remove,
+// Lines are the lines removed, a name's rules included.
 type EntriesBody struct {
 	Entries []string `json:"entries"`
 	Lines   []string `json:"lines,omitempty"`
@@ -312,21 +313,34 @@ func (s *Server) removeAllowlist(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &b) {
 		return
 	}
+	before := s.Policy.List()
 	removed, err := s.Policy.Remove(b.Entries...)
 	if err != nil {
 		s.writeEditErr(w, err)
 		return
 	}
-	// A rule line whose name has no rules left took the name with it.
-	var gone []string
+	// A name took its rules with it, and a rule line whose name has no
+	// rules left took the name: say both.
+	var lines, gone []string
 	l := s.Policy.List()
 	for _, r := range removed {
 		ln, err := allowlist.ParseLine(r)
-		if err == nil && ln.Rule != nil && !l.Contains(ln.Entry) && !slices.Contains(gone, ln.Entry.String()) {
+		if err != nil {
+			continue
+		}
+		if ln.Rule == nil {
+			if rs := before.Rules(r); rs != nil {
+				for _, rule := range rs.Rules() {
+					lines = append(lines, allowlist.Line{Entry: ln.Entry, Rule: &rule}.String())
+				}
+				continue
+			}
+		} else if !l.Contains(ln.Entry) && !slices.Contains(gone, ln.Entry.String()) {
 			gone = append(gone, ln.Entry.String())
 		}
+		lines = append(lines, r)
 	}
-	writeJSON(w, http.StatusOK, EntriesBody{Entries: removed, Gone: gone, Path: s.Policy.Path()})
+	writeJSON(w, http.StatusOK, EntriesBody{Entries: removed, Lines: lines, Gone: gone, Path: s.Policy.Path()})
 }
 
 // TextBody carries the allowlist's text: in force (GET), or to put in force

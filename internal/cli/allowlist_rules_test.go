@@ -44,6 +44,13 @@ func TestAllowlistRuleCommands(t *testing.T) {
 	if _, stderr, err := run("allowlist", "remove", "dev", "api.github.com", "GET,HEAD", "/**"); err != nil || !strings.Contains(stderr, "api.github.com has no rules left and is no longer allowed") {
 		t.Errorf("remove the last rule: %v %q", err, stderr)
 	}
+	// A name removes its rules, and says so.
+	if _, _, err := run("allowlist", "add", "dev", "api.github.com", "--rule", "GET /a", "--rule", "GET /b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := run("allowlist", "remove", "dev", "api.github.com"); err != nil || stderr != "removed api.github.com GET /a\nremoved api.github.com GET /b\n" {
+		t.Errorf("remove a name with rules: %v %q", err, stderr)
+	}
 }
 
 func TestAllowlistLines(t *testing.T) {

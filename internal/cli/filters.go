@@ -271,8 +271,12 @@ to allowing everything).`,
 			if err != nil {
 				return notRunningHint(args[0], err)
 			}
-			for _, r := range removed.Entries {
-				fmt.Fprintf(e.stderr, "removed %s\n", r)
+			gone := removed.Lines
+			if gone == nil {
+				gone = removed.Entries // filters of an abox before rules
+			}
+			for _, r := range gone {
+				fmt.Fprintf(e.stderr, "removed %s\n", termtext.Clean(r))
 			}
 			for _, g := range removed.Gone {
 				fmt.Fprintf(e.stderr, "%s has no rules left and is no longer allowed\n", g)
