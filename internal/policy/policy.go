@@ -1,6 +1,7 @@
 // Package policy holds one instance's filtering state shared by the DNS and
-// HTTP filters: the live allowlist, the active/passive mode and the passive
-// profile, with hot reload from the allowlist file.
+// HTTP filters: the live allowlist, the mode (active, passive, learn), the
+// passive profile and the learning record, with hot reload from the
+// allowlist file.
 package policy
 
 import (
@@ -32,6 +33,9 @@ const (
 	ReasonHealthcheck = "healthcheck"
 	// ReasonPassive: not allowlisted, allowed because the instance is in passive mode.
 	ReasonPassive = "passive_mode"
+	// ReasonLearn: not allowlisted, allowed because the instance is in
+	// learn mode, which records what the guest does to propose rules.
+	ReasonLearn = "learn_mode"
 	// ReasonPrivateReverse: a reverse-mapping name (in-addr.arpa, ip6.arpa)
 	// that is not a complete public address: a private or reserved range,
 	// or a zone cut above one. Blocked in every mode.
@@ -52,18 +56,33 @@ type Mode string
 const (
 	Active  Mode = "active"
 	Passive Mode = "passive"
+	// Learn allows names that are not allowlisted, as Passive does, but
+	// keeps every other refusal of Active: IP literals (a proposal can
+	// only list names), special-use and private reverse names, and the
+	// filters' address checks. Request rules are recorded, not enforced
+	// (EnforcesRules), and every request is recorded for a proposal.
+	Learn Mode = "learn"
 )
 
 // ParseMode validates a user-supplied mode.
 func ParseMode(s string) (Mode, error) {
-	switch Mode(strings.ToLower(strings.TrimSpace(s))) {
-	case Active:
-		return Active, nil
-	case Passive:
-		return Passive, nil
+	switch m := Mode(strings.ToLower(strings.TrimSpace(s))); m {
+	case Active, Passive, Learn:
+		return m, nil
 	}
-	return "", fmt.Errorf("unknown filter mode %q: use active or passive", s)
+	return "", fmt.Errorf("unknown filter mode %q: use active, passive or learn", s)
 }
+
+// EnforcesRules reports whether the proxy refuses what a host's request
+// rules refuse in mode m. Only active mode does: learn mode records what
+// the workload does so that rules can be proposed from it, and passive
+// mode refuses no name, so rules on a name would refuse nothing a guest
+// could not reach another way.
+func (m Mode) EnforcesRules() bool { return m == Active }
+
+// allowsUnlisted reports whether names that are not allowlisted are
+// allowed in mode m.
+func (m Mode) allowsUnlisted() bool { return m == Passive || m == Learn }
 
 // Config configures an Engine.
 type Config struct {
@@ -73,6 +92,9 @@ type Config struct {
 	Logger *slog.Logger
 	// ProfileLimit bounds the passive profile (distinct names); 0 means 10000.
 	ProfileLimit int
+	// LearnLimits bound the learning record; zero fields take the defaults
+	// of LearnLimits.
+	LearnLimits LearnLimits
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -85,9 +107,12 @@ type Engine struct {
 	now  func() time.Time
 
 	// list is never nil after New.
-	list    atomic.Pointer[allowlist.List]
-	passive atomic.Bool
+	list atomic.Pointer[allowlist.List]
+	// mode holds a Mode; never empty after New.
+	mode    atomic.Pointer[Mode]
 	profile *Profile
+	// learned is the learning record, fed only in learn mode.
+	learned *LearnRecord
 
 	// mu serialises reloads and file edits so an API edit never races a
 	// file-watch reload into an older list.
@@ -128,8 +153,11 @@ func New(cfg Config) (*Engine, error) {
 		log:       cfg.Logger,
 		now:       cfg.Now,
 		profile:   NewProfile(cfg.ProfileLimit),
+		learned:   NewLearnRecord(cfg.LearnLimits),
 		writeFile: fsutil.WriteFileAtomic,
 	}
+	active := Active
+	e.mode.Store(&active)
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}
@@ -172,16 +200,21 @@ func (e *Engine) Path() string { return e.path }
 func (e *Engine) List() *allowlist.List { return e.list.Load() }
 
 // Mode is the current mode.
-func (e *Engine) Mode() Mode {
-	if e.passive.Load() {
-		return Passive
-	}
-	return Active
-}
+func (e *Engine) Mode() Mode { return *e.mode.Load() }
 
-// SetMode switches mode for every filter of the instance at once.
+// SetMode switches mode for every filter of the instance at once. A mode
+// that is not one of Active, Passive and Learn is Active: nothing can be
+// switched to allowing more by a typo.
 func (e *Engine) SetMode(m Mode) {
-	e.passive.Store(m == Passive)
+	switch m {
+	case Passive, Learn:
+	default:
+		m = Active
+	}
+	if m == Learn && e.Mode() != Learn {
+		e.learned.start(e.now())
+	}
+	e.mode.Store(&m)
 	e.log.Info("filter mode set", "mode", string(m))
 }
 
@@ -200,22 +233,29 @@ func (e *Engine) Decide(name string) allowlist.Decision {
 // DecideNormalized is Decide for a name returned by allowlist.NormalizeName.
 func (e *Engine) DecideNormalized(n string) allowlist.Decision {
 	l := e.list.Load()
-	if !e.passive.Load() {
-		return Evaluate(l, Active, n)
+	switch m := e.Mode(); m {
+	case Passive:
+		// The passive profile records the names passive mode allowed, listed
+		// or not; names refused in every mode are not the guest's profile.
+		d := Evaluate(l, Passive, n)
+		if d.Verdict == allowlist.Allow && d.Reason != ReasonHealthcheck {
+			e.profile.Record(n, d.Reason != ReasonPassive, e.now())
+		}
+		return d
+	case Learn:
+		d := Evaluate(l, Learn, n)
+		if d.Verdict == allowlist.Allow && d.Reason != ReasonHealthcheck {
+			e.learned.name(n)
+		}
+		return d
 	}
-	// The passive profile records the names passive mode allowed, listed
-	// or not; names refused in every mode are not the guest's profile.
-	d := Evaluate(l, Passive, n)
-	if d.Verdict == allowlist.Allow && d.Reason != ReasonHealthcheck {
-		e.profile.Record(n, d.Reason != ReasonPassive, e.now())
-	}
-	return d
+	return Evaluate(l, Active, n)
 }
 
 // Evaluate is the name decision of both filters as a pure function of the
 // list and the mode, recording nothing: healthcheck, then numeric, special-use
 // and private reverse names (blocked in every mode), then the allowlist, then
-// passive mode's allow. n
+// passive and learn mode's allow. n
 // must come from allowlist.NormalizeName. abox explain uses it to answer
 // without touching the passive profile.
 func Evaluate(l *allowlist.List, m Mode, n string) allowlist.Decision {
@@ -237,7 +277,10 @@ func Evaluate(l *allowlist.List, m Mode, n string) allowlist.Decision {
 		return allowlist.Decision{Verdict: allowlist.Block, Reason: ReasonPrivateReverse}
 	}
 	d := l.MatchNormalized(n) // a nil list allows nothing
-	if m == Passive && d.Verdict == allowlist.Block {
+	if m.allowsUnlisted() && d.Verdict == allowlist.Block {
+		if m == Learn {
+			return allowlist.Decision{Verdict: allowlist.Allow, Reason: ReasonLearn}
+		}
 		return allowlist.Decision{Verdict: allowlist.Allow, Reason: ReasonPassive}
 	}
 	return d

@@ -283,12 +283,12 @@ func TestConcurrentDecideAndEdit(t *testing.T) {
 }
 
 func TestParseMode(t *testing.T) {
-	for _, s := range []string{"active", "PASSIVE", " passive "} {
+	for _, s := range []string{"active", "PASSIVE", " passive ", "learn", "Learn"} {
 		if _, err := ParseMode(s); err != nil {
 			t.Errorf("ParseMode(%q): %v", s, err)
 		}
 	}
-	if _, err := ParseMode("off"); err == nil || !strings.Contains(err.Error(), "active or passive") {
+	if _, err := ParseMode("off"); err == nil || !strings.Contains(err.Error(), "use active, passive or learn") {
 		t.Errorf("ParseMode(off) = %v", err)
 	}
 }
