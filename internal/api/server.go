@@ -163,6 +163,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("PUT /v1/allowlist/text", s.putAllowlistText)
 	mux.HandleFunc("GET /v1/profile", s.getProfile)
 	mux.HandleFunc("DELETE /v1/profile", s.clearProfile)
+	mux.HandleFunc("GET /v1/learn", s.getLearned)
+	mux.HandleFunc("DELETE /v1/learn", s.clearLearned)
 	mux.HandleFunc("GET /v1/logs/{component}", s.logs)
 	mux.HandleFunc("GET /v1/keylog", s.getKeyLog)
 	mux.HandleFunc("PUT /v1/keylog", s.setKeyLog)
