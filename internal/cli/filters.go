@@ -584,6 +584,7 @@ Never use passive mode with untrusted workloads. A restarted filter comes back a
 	}
 	profile.AddCommand(show, export, clear)
 	cmd.AddCommand(filter, profile)
+	cmd.AddCommand(newLearnCmds(e)...)
 	return cmd
 }
 

@@ -61,7 +61,10 @@ type Line struct {
 // Proposal is the lines to add to the allowlist in force, in a
 // deterministic order, and what a reader should know besides.
 type Proposal struct {
-	Lines []Line `json:"lines"`
+	// Header, when set, is written as a comment before the lines (where
+	// they came from); Propose leaves it empty.
+	Header string `json:"-"`
+	Lines  []Line `json:"lines"`
 	// Notes are facts of the record no line expresses: what was not
 	// proposed and why, what learn mode refused, what it could not hold.
 	Notes []string `json:"notes,omitempty"`
@@ -206,15 +209,16 @@ func linesFor(hr *hostReqs, o Options, p *Proposal) []Line {
 			"tunnelled unseen (a MITM exception or --no-mitm): no request could be recorded, so the entry allows everything on it, writes included"}}}
 	}
 	perMethod := map[string]*node{}
-	writes := map[string][]string{} // method -> example paths
+	type seen struct{ method, path string }
+	var kept []seen // requests a line can allow, path as the line writes it
 	for _, q := range hr.reqs {
 		if !knownMethod(q.Method) {
-			p.note("%s: %s %s not proposed: a rule can only name GET HEAD POST PUT PATCH DELETE OPTIONS, and a rule without methods would allow every method on its paths", hr.entry, q.Method, q.Path)
+			p.note("%s: %q %q not proposed: a rule can only name GET HEAD POST PUT PATCH DELETE OPTIONS, and a rule without methods would allow every method on its paths", hr.entry, q.Method, q.Path)
 			continue
 		}
 		segs, ok := segments(q.Path)
 		if !ok {
-			p.note("%s: %s %s not proposed: the path has no canonical form, so only a rule with no pattern (every path) could allow it", hr.entry, q.Method, q.Path)
+			p.note("%s: %s %q not proposed: the path has no canonical form, so only a rule with no pattern (every path) could allow it", hr.entry, q.Method, q.Path)
 			continue
 		}
 		n := perMethod[q.Method]
@@ -223,9 +227,9 @@ func linesFor(hr *hostReqs, o Options, p *Proposal) []Line {
 			perMethod[q.Method] = n
 		}
 		n.insert(segs)
-		if policy.IsWrite(q.Method) && len(writes[q.Method]) < 3 {
-			writes[q.Method] = append(writes[q.Method], q.Path)
-		}
+		// The form the line is made of: ASCII, so a comment in the file
+		// holds nothing the guest chose to break it with.
+		kept = append(kept, seen{q.Method, "/" + strings.Join(segs, "/")})
 	}
 	byPattern := map[string][]string{}
 	for m, n := range perMethod {
@@ -244,15 +248,24 @@ func linesFor(hr *hostReqs, o Options, p *Proposal) []Line {
 		ms := byPattern[pat]
 		slices.SortFunc(ms, func(a, b string) int { return methodIndex(a) - methodIndex(b) })
 		text := hr.entry + " " + strings.Join(ms, ",") + " " + pat
-		if _, err := allowlist.ParseLine(text); err != nil {
+		l, err := allowlist.ParseLine(text)
+		if err != nil {
 			p.note("%s: %s not proposed: %v", hr.entry, text, err)
 			continue
 		}
 		ln := Line{Text: text, Entry: hr.entry}
 		for _, m := range ms {
-			if policy.IsWrite(m) {
-				ln.Review = append(ln.Review, fmt.Sprintf("%s can carry data out: the guest sent %s %s", m, m, strings.Join(writes[m], ", ")))
+			if !policy.IsWrite(m) {
+				continue
 			}
+			var ex []string
+			for _, k := range kept {
+				if k.method == m && len(ex) < 3 && !slices.Contains(ex, k.path) && l.Rule.Matches(m, reqrules.NewTarget(k.path, "", false)) {
+					ex = append(ex, k.path)
+				}
+			}
+			sort.Strings(ex)
+			ln.Review = append(ln.Review, fmt.Sprintf("%s can carry data out: the guest sent %s %s", m, m, strings.Join(ex, ", ")))
 		}
 		if up := uploadSegment(pat); up != "" {
 			ln.Review = append(ln.Review, fmt.Sprintf("the path names an upload (%q)", up))
@@ -338,6 +351,9 @@ func (p *Proposal) note(format string, args ...any) {
 // line to review preceded by its reasons as comments.
 func (p Proposal) Text() string {
 	var b strings.Builder
+	if p.Header != "" && len(p.Lines) > 0 {
+		fmt.Fprintf(&b, "# %s\n", p.Header)
+	}
 	for _, ln := range p.Lines {
 		for _, r := range ln.Review {
 			fmt.Fprintf(&b, "# review: %s\n", r)
@@ -387,11 +403,14 @@ func methodIndex(m string) int { return slices.Index(methods, m) }
 
 // uploadWords mark a path segment as an upload: data the guest sends,
 // whatever the method (a GET of an upload URL is how some APIs hand one
-// out).
+// out). git-upload-pack is git's fetch, and not one.
 var uploadWords = []string{"upload", "receive-pack", "publish", "incoming", "attachment"}
 
 func uploadSegment(pattern string) string {
 	for _, s := range strings.Split(strings.ToLower(pattern), "/") {
+		if strings.Contains(s, "upload-pack") {
+			continue // git's fetch: the server uploads to the client
+		}
 		for _, w := range uploadWords {
 			if strings.Contains(s, w) {
 				return s

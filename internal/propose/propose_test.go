@@ -164,6 +164,7 @@ func TestReview(t *testing.T) {
 		host("api.example.com", "GET /v1/items", "POST /v1/items", "DELETE /v1/items/7"),
 		host("up.example.org", "GET /uploads/new"),
 		{Host: "t.example.net", Tunnel: true},
+		host("git.example.net", "POST /o/r/git-upload-pack", "POST /o/r/git-receive-pack"),
 	}
 	p := Propose(policy.LearnSnapshot{Hosts: hosts}, list(t, ""), Options{})
 	review := map[string]string{}
@@ -171,10 +172,11 @@ func TestReview(t *testing.T) {
 		review[l.Text] = strings.Join(l.Review, "; ")
 	}
 	for line, want := range map[string]string{
-		"api.example.com GET,POST /v1/items": "POST can carry data out",
-		"api.example.com DELETE /v1/items/7": "DELETE can carry data out",
-		"up.example.org GET /uploads/new":    "upload",
-		"t.example.net":                      "tunnelled unseen",
+		"api.example.com GET,POST /v1/items":         "POST can carry data out",
+		"api.example.com DELETE /v1/items/7":         "DELETE can carry data out",
+		"up.example.org GET /uploads/new":            "upload",
+		"t.example.net":                              "tunnelled unseen",
+		"git.example.net POST /o/r/git-receive-pack": "names an upload",
 	} {
 		got, ok := review[line]
 		if !ok {
@@ -183,6 +185,11 @@ func TestReview(t *testing.T) {
 		}
 		if want == "" && got != "" || !strings.Contains(got, want) {
 			t.Errorf("review of %q = %q, want %q", line, got, want)
+		}
+	}
+	for _, l := range p.Lines {
+		if l.Text == "git.example.net POST /o/r/git-upload-pack" && strings.Contains(strings.Join(l.Review, ";"), "names an upload") {
+			t.Errorf("git's fetch flagged as an upload: %q", l.Review)
 		}
 	}
 	if txt := p.Text(); !strings.Contains(txt, "# review: POST can carry data out: the guest sent POST /v1/items\napi.example.com GET,POST /v1/items\n") {
