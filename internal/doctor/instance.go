@@ -313,6 +313,9 @@ func daemonChecks(ctx context.Context, in Instance, r *Report) bool {
 	if s.Mode == policy.Passive {
 		r.add(Check{Layer: "daemon", Name: "mode", Status: Warn, Detail: "passive: every name is allowed and recorded",
 			Fix: "abox net filter " + st.Name + " active (never run untrusted workloads in passive mode)"})
+	} else if s.Mode == policy.Learn {
+		r.add(Check{Layer: "daemon", Name: "mode", Status: Warn, Detail: "learn: every public name is allowed and every request recorded",
+			Fix: "abox net learn stop " + st.Name + " once the workload has run (abox net propose " + st.Name + " makes its allowlist)"})
 	} else {
 		r.add(Check{Layer: "daemon", Name: "mode", Status: Pass, Detail: string(s.Mode)})
 	}

@@ -60,7 +60,7 @@ func probes(in Instance, passive bool) []probe {
 	fixLayers := "run abox doctor again after fixing the host-side failures above; if they all pass, the guest's own configuration differs from what abox set up"
 	blockedByPassive := func(s Status, d string) (Status, string) {
 		if passive && s == Fail {
-			return Warn, d + " (the instance is in passive mode, which allows every name)"
+			return Warn, d + " (the instance is in passive or learn mode, which allows every name)"
 		}
 		return s, d
 	}
@@ -277,7 +277,7 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 func guestProbes(ctx context.Context, in Instance, apiUp bool, r *Report) {
 	passive := false
 	if apiUp {
-		if s, err := in.Filters.Status(ctx); err == nil && s.Mode == policy.Passive {
+		if s, err := in.Filters.Status(ctx); err == nil && (s.Mode == policy.Passive || s.Mode == policy.Learn) {
 			passive = true
 		}
 	}
