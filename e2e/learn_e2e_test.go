@@ -1,0 +1,132 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/abox-dev/abox/internal/paths"
+)
+
+// learnChecks is issue 18's learn-then-propose path on the suite's dev
+// guest: a small script of reads and one write against the lab's origin
+// (blocked.test, which dev does not list) runs in learn mode, where the
+// refusals of active mode other than the list stay; propose --apply then
+// makes an allowlist under which the same script runs in active mode and
+// a new write is refused. The allowlist is put back afterwards, as the
+// suite's later subtests expect blocked.test refused.
+func (s *suite) learnChecks(t *testing.T, proxy string) {
+	t.Run("learn then propose: the script runs again, a new write is refused", func(t *testing.T) {
+		file := (paths.Layout{Root: s.home}).Allowlist("dev")
+		orig, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			s.abox("net", "filter", "dev", "active")
+			if err := os.WriteFile(file, orig, 0o644); err != nil {
+				t.Errorf("restoring the allowlist: %v", err)
+			}
+			if out, err := s.abox("allowlist", "reload", "dev"); err != nil {
+				t.Errorf("reloading the restored allowlist: %v\n%s", err, out)
+			}
+			s.abox("net", "learn", "clear", "dev")
+		})
+		c := "curl -sS -m 20 --noproxy '' -x " + proxy + " -o /dev/null -w '%{http_code}\\n' "
+		script := strings.Join([]string{
+			c + "'https://blocked.test/repo/acme/app/info/refs?service=git-upload-pack'",
+			c + "https://blocked.test/repo/acme/app/objects/1",
+			c + "https://blocked.test/repo/acme/app/objects/2",
+			c + "https://blocked.test/repo/acme/app/objects/3",
+			c + "-X POST -d x=1 https://blocked.test/api/items",
+			c + "http://blocked.test/plain/readme",
+		}, "\n") + "\n"
+		s.mustGuest(t, "dev", "echo "+base64.StdEncoding.EncodeToString([]byte(script))+" | base64 -d > /tmp/learn.sh")
+		runScript := func(when string) {
+			t.Helper()
+			out := s.mustGuest(t, "dev", "sh /tmp/learn.sh")
+			if got := strings.Fields(out); len(got) != 6 || strings.Count(out, "200") != 6 {
+				t.Fatalf("%s: the script's statuses = %q, want six 200s", when, got)
+			}
+		}
+		// Before: dev does not list blocked.test.
+		if out, _ := s.guest("dev", c+"https://blocked.test/repo/acme/app/objects/1"); strings.TrimSpace(out) == "200" {
+			t.Fatalf("blocked.test reachable before learning: %q", out)
+		}
+
+		s.mustAbox("net", "learn", "start", "dev", "--reset")
+		runScript("learning")
+		// Learn mode keeps every refusal but the list's.
+		for _, r := range []struct{ url, reason string }{
+			{"http://" + originIP + "/literal", "not_allowlisted"},
+			{"http://private.test/", "forbidden_address"},
+			{"http://loop.test/", "forbidden_address"},
+			{"http://169.254.169.254/latest/meta-data/", "metadata"},
+			{"http://printer.local/", "special_use_name"},
+		} {
+			out, _ := s.guest("dev", "curl -sS -m 15 --noproxy '' -i -x "+proxy+" '"+r.url+"' || true")
+			if !strings.Contains(out, " 403 ") || !strings.Contains(strings.ToLower(out), "x-abox-reason: "+r.reason) {
+				t.Errorf("learning: %s = %s, want 403 %s", r.url, out, r.reason)
+			}
+		}
+		rec := s.mustAbox("net", "learn", "show", "dev", "--json")
+		if !strings.Contains(rec, "/repo/acme/app/objects/1") || strings.Contains(rec, "service=") || strings.Contains(rec, originIP) {
+			t.Errorf("learn show: want the paths, never the query or a literal:\n%s", rec)
+		}
+
+		out := s.mustAbox("net", "propose", "dev", "--json")
+		var res struct {
+			Lines []struct {
+				Line   string   `json:"line"`
+				Review []string `json:"review"`
+			} `json:"lines"`
+		}
+		if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &res); err != nil {
+			t.Fatalf("propose --json: %v\n%s", err, out)
+		}
+		got := map[string]string{}
+		for _, l := range res.Lines {
+			// Only the script's host: the guest's own background traffic
+			// (if any) is proposed too, and is not this test's.
+			if strings.HasPrefix(l.Line, "blocked.test ") {
+				got[l.Line] = strings.Join(l.Review, "; ")
+			}
+		}
+		for _, want := range []string{
+			"blocked.test GET /plain/readme",
+			"blocked.test GET /repo/acme/app/info/refs",
+			"blocked.test GET /repo/acme/app/objects/*",
+			"blocked.test POST /api/items",
+		} {
+			if _, ok := got[want]; !ok {
+				t.Errorf("proposal lacks %q: %q", want, got)
+			}
+		}
+		if len(got) != 4 || !strings.Contains(got["blocked.test POST /api/items"], "carry data out") {
+			t.Errorf("proposal = %q, want the four lines above, the POST flagged for review", got)
+		}
+
+		s.mustAbox("net", "propose", "dev", "--apply")
+		s.mustAbox("net", "learn", "stop", "dev")
+		if m := strings.TrimSpace(s.mustAbox("net", "filter", "dev")); m != "active" {
+			t.Fatalf("mode after learn stop = %q", m)
+		}
+		runScript("after propose --apply, in active mode")
+		// A write the script never made: refused by the rules (the proxy's
+		// enforcement of request rules, issue 18).
+		for _, w := range []struct{ args, reasons string }{
+			{"-X POST -d x=1 https://blocked.test/api/other", "path_not_allowed"},
+			{"-X DELETE https://blocked.test/api/items", "method_not_allowed"},
+			{"-X PUT -d x=1 https://blocked.test/repo/acme/app/objects/1", "method_not_allowed"},
+		} {
+			out, _ := s.guest("dev", "curl -sS -m 15 --noproxy '' -i -x "+proxy+" "+w.args+" || true")
+			if !strings.Contains(out, " 403 ") || !strings.Contains(strings.ToLower(out), "x-abox-reason: "+w.reasons) || strings.Contains(out, "hello from testorigin") {
+				t.Errorf("after apply: curl %s = %s, want 403 %s", w.args, out, w.reasons)
+			}
+		}
+	})
+}
