@@ -29,9 +29,10 @@ type Observation struct {
 }
 
 // Observe records o when the instance is in learn mode and does nothing
-// otherwise: the proxy calls it for every decision it logs.
+// otherwise: the proxy calls it for every decision it logs. A nil Engine
+// (a proxy built bare in a test) records nothing.
 func (e *Engine) Observe(o Observation) {
-	if *e.mode.Load() != Learn {
+	if e == nil || *e.mode.Load() != Learn {
 		return
 	}
 	e.learned.observe(o, e.now())
