@@ -35,6 +35,14 @@ abox net propose then turns the record into allowlist lines.
 The guest can still send what it holds to any public name while learning:
 learn with a workload you would trust in passive mode. A restarted filter
 comes back active, and the record is lost with it.`,
+		// "abox net learn dev" reads as a command; say which verb it lacks.
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			return usageError{fmt.Errorf("%q is not a verb of abox net learn: use start, stop, show or clear, as in abox net learn start %s", args[0], args[0])}
+		},
 	}
 	var reset bool
 	start := &cobra.Command{

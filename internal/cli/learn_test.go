@@ -103,6 +103,9 @@ func TestLearnAndPropose(t *testing.T) {
 	if _, _, err := run("net", "learn", "clear", "dev"); err != nil || len(eng.Learned().Hosts) != 0 {
 		t.Errorf("learn clear: %v, %d hosts left", err, len(eng.Learned().Hosts))
 	}
+	if _, _, err := run("net", "learn", "dev"); err == nil || !strings.Contains(err.Error(), "abox net learn start dev") {
+		t.Errorf("learn with a name and no verb = %v, want the verb to use", err)
+	}
 	if _, _, err := run("net", "learn", "start", "dev", "extra"); err == nil || !strings.Contains(err.Error(), "takes an instance NAME") {
 		t.Errorf("learn start with two arguments = %v", err)
 	}
