@@ -56,6 +56,12 @@ func Default() (Layout, error) {
 func (l Layout) Instances() string { return filepath.Join(l.Root, "instances") }
 func (l Layout) Images() string    { return filepath.Join(l.Root, "images") }
 
+// Secrets holds the host-side secret store (internal/secrets), 0700: the
+// values the proxy injects, their bindings and the guests' placeholders.
+// It is outside every instance directory, so no export archive or
+// snapshot of an instance can hold a value.
+func (l Layout) Secrets() string { return filepath.Join(l.Root, "secrets") }
+
 // AgentCache keeps monitor agent bundles (Tetragon), by digest.
 func (l Layout) AgentCache() string             { return filepath.Join(l.Root, "cache", "tetragon") }
 func (l Layout) InstanceDir(name string) string { return filepath.Join(l.Instances(), name) }

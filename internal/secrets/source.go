@@ -1,0 +1,79 @@
+package secrets
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Policy reads instance's policy from the store now.
+func (s *Store) Policy(instance string) (*Policy, error) {
+	ix, err := s.load()
+	if err != nil {
+		return &Policy{instance: instance}, err
+	}
+	return policyFrom(instance, ix)
+}
+
+// Source gives a daemon its instance's current policy without reading the
+// index on every request: it stats the index and rebuilds the policy when
+// the file changed. Every change is an atomic rename, so a new inode says
+// so even within one mtime tick. Safe for concurrent use.
+type Source struct {
+	store    *Store
+	instance string
+
+	mu    sync.Mutex
+	stamp stamp // of the index the policy was built from
+	pol   *Policy
+	err   error
+}
+
+type stamp struct {
+	ino   uint64
+	size  int64
+	mtime time.Time
+	ok    bool // the index existed
+}
+
+// Source returns a Source of instance's policy.
+func (s *Store) Source(instance string) *Source {
+	return &Source{store: s, instance: instance}
+}
+
+// Policy returns the current policy. With an error the policy is still
+// the one to use: a store that cannot be read gives one that injects
+// nothing, a binding that no longer validates is left out of it.
+func (src *Source) Policy() (*Policy, error) {
+	st, err := statIndex(filepath.Join(src.store.Dir, indexFile))
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	if err != nil {
+		return &Policy{instance: src.instance}, err
+	}
+	if src.pol != nil && st == src.stamp {
+		return src.pol, src.err
+	}
+	src.pol, src.err = src.store.Policy(src.instance)
+	src.stamp = st
+	return src.pol, src.err
+}
+
+func statIndex(path string) (stamp, error) {
+	fi, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return stamp{}, nil
+	}
+	if err != nil {
+		return stamp{}, err
+	}
+	st := stamp{size: fi.Size(), mtime: fi.ModTime(), ok: true}
+	if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
+		st.ino = sys.Ino
+	}
+	return st, nil
+}
