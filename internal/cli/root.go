@@ -143,6 +143,7 @@ instance.`,
 		newLibvirtHookCmd(e),
 		newMonitorCmd(e),
 		newSnapshotCmd(e),
+		newSecretCmd(e),
 	)
 	return root
 }
