@@ -38,6 +38,11 @@ type Config struct {
 
 	// Monitor installs and starts the runtime monitor's forwarder.
 	Monitor bool
+
+	// Placeholders are the guest's secret placeholders, NAME and
+	// "abox-ph-<32 hex>" (secrets.Store.Placeholders), in that order.
+	// Nothing else is accepted: a secret's value never goes in the seed.
+	Placeholders [][2]string
 }
 
 var (
@@ -99,6 +104,7 @@ func (c Config) Validate() error {
 	if c.ProxyPort == 0 {
 		add("proxy port: must be set")
 	}
+	errs = append(errs, checkPlaceholders(c.Placeholders)...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("checking cloud-init config for %q: %w", c.Name, err)
 	}

@@ -293,6 +293,10 @@ func UserData(c Config) ([]byte, error) {
 		},
 	}
 	ud.WriteFiles = append(ud.WriteFiles, toolConfigs(u)...)
+	if files, env := placeholderFiles(c); len(files) > 0 {
+		ud.WriteFiles = append(ud.WriteFiles, files...)
+		ud.WriteFiles = append(ud.WriteFiles, fileSpec{Path: "/etc/environment", Owner: "root:root", Permissions: "0644", Append: true, Content: env})
+	}
 	cas, err := caFiles(c)
 	if err != nil {
 		return nil, fmt.Errorf("encoding user-data: %w", err)
