@@ -326,7 +326,7 @@ func newSecretUnbindCmd(e *env) *cobra.Command {
 }
 
 func newSecretEnvCmd(e *env) *cobra.Command {
-	var asJSON bool
+	var asJSON, pamEnv bool
 	var instance string
 	cmd := &cobra.Command{
 		Use:   "env --instance INSTANCE",
@@ -335,7 +335,10 @@ func newSecretEnvCmd(e *env) *cobra.Command {
 random, different per instance and useless anywhere but through the proxy, so it
 may be shown and copied into the guest, for example:
 
-  abox secret env -i dev | abox ssh dev -- sudo tee /etc/profile.d/abox-secrets.sh`,
+  abox secret env -i dev | abox ssh dev -- sudo tee /etc/profile.d/abox-secrets.sh
+
+--environment prints the /etc/environment form (no export), which ssh sessions
+and sudo read through pam_env.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := validate.InstanceName(instance); err != nil {
@@ -358,13 +361,17 @@ may be shown and copied into the guest, for example:
 			}
 			var b strings.Builder
 			for _, kv := range env {
-				fmt.Fprintf(&b, "export %s=%s\n", kv[0], kv[1])
+				if !pamEnv {
+					b.WriteString("export ")
+				}
+				fmt.Fprintf(&b, "%s=%s\n", kv[0], kv[1])
 			}
 			_, err = io.WriteString(e.stdout, b.String())
 			return err
 		},
 	}
 	cmd.Flags().StringVarP(&instance, "instance", "i", "", "the `INSTANCE`")
+	cmd.Flags().BoolVar(&pamEnv, "environment", false, "print NAME=PLACEHOLDER lines for /etc/environment")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

@@ -77,3 +77,48 @@ func statIndex(path string) (stamp, error) {
 	}
 	return st, nil
 }
+
+// UseMarker records secrets' last use for abox secret list, at most once
+// per Interval per secret, so a busy proxy does not write a file per
+// request. Safe for concurrent use.
+type UseMarker struct {
+	// Store is where uses are recorded.
+	Store *Store
+	// Interval between two records of one secret; 0 means a minute.
+	Interval time.Duration
+
+	mu   sync.Mutex
+	last map[string]time.Time // secret -> time of the last record
+}
+
+// Used records that a request at now carried the secrets names (such as
+// Decision.Secrets). A failed record is returned and retried on the next
+// use.
+func (m *UseMarker) Used(names []string, now time.Time) error {
+	iv := m.Interval
+	if iv == 0 {
+		iv = time.Minute
+	}
+	var errs []error
+	for _, n := range names {
+		m.mu.Lock()
+		if m.last == nil {
+			m.last = map[string]time.Time{}
+		}
+		due := now.Sub(m.last[n]) >= iv
+		if due {
+			m.last[n] = now
+		}
+		m.mu.Unlock()
+		if !due {
+			continue
+		}
+		if err := m.Store.MarkUsed(n, now); err != nil {
+			m.mu.Lock()
+			delete(m.last, n)
+			m.mu.Unlock()
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -387,3 +387,28 @@ func TestIndexJSONHoldsNoValue(t *testing.T) {
 		t.Errorf("List's JSON holds the value or a placeholder: %s", b)
 	}
 }
+
+func TestUseMarker(t *testing.T) {
+	s := newStore(t)
+	if err := s.Set("TOK", []byte(testValue)); err != nil {
+		t.Fatal(err)
+	}
+	m := &UseMarker{Store: s}
+	t0 := time.Date(2026, 12, 4, 13, 0, 0, 0, time.UTC)
+	for i, c := range []struct {
+		at   time.Time
+		want time.Time
+	}{
+		{t0, t0},
+		{t0.Add(30 * time.Second), t0},
+		{t0.Add(61 * time.Second), t0.Add(61 * time.Second)},
+	} {
+		if err := m.Used([]string{"TOK"}, c.at); err != nil {
+			t.Fatal(err)
+		}
+		list, _ := s.List()
+		if !list[0].LastUsed.Equal(c.want) {
+			t.Errorf("use %d: last used %v, want %v", i, list[0].LastUsed, c.want)
+		}
+	}
+}
