@@ -484,6 +484,29 @@ func (s *Store) Unbind(name, instance, host string) error {
 	})
 }
 
+// ForgetInstance removes every binding and placeholder of instance, for
+// abox remove: a later instance of the same name starts without them.
+func (s *Store) ForgetInstance(instance string) error {
+	if err := validate.InstanceName(instance); err != nil {
+		return fmt.Errorf("instance: %w", err)
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir, indexFile)); errors.Is(err, fs.ErrNotExist) {
+		return nil // no store, nothing to forget
+	}
+	return s.update(func(ix *index) error {
+		for _, e := range ix.Secrets {
+			n := len(e.Bindings)
+			e.Bindings = slices.DeleteFunc(e.Bindings, func(b Binding) bool { return b.Instance == instance })
+			_, had := e.Placeholders[instance]
+			delete(e.Placeholders, instance)
+			if len(e.Bindings) != n || had {
+				e.Updated = s.now()
+			}
+		}
+		return nil
+	})
+}
+
 // newPlaceholder is PlaceholderPrefix and 128 random bits in hex: it holds
 // nothing of the value and is different per instance and secret.
 func (s *Store) newPlaceholder() (string, error) {

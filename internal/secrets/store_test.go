@@ -412,3 +412,30 @@ func TestUseMarker(t *testing.T) {
 		}
 	}
 }
+
+func TestForgetInstance(t *testing.T) {
+	s := newStore(t)
+	if err := s.ForgetInstance("dev"); err != nil {
+		t.Fatalf("ForgetInstance on no store: %v", err)
+	}
+	if err := s.Set("TOK", []byte(testValue)); err != nil {
+		t.Fatal(err)
+	}
+	mustBind(t, s, "TOK", BindingSpec{Instance: "dev", Host: "api.example.com", Bearer: true})
+	mustBind(t, s, "TOK", BindingSpec{Instance: "prod", Host: "api.example.com", Bearer: true})
+	if err := s.ForgetInstance("dev"); err != nil {
+		t.Fatal(err)
+	}
+	if env, _ := s.Placeholders("dev"); len(env) != 0 {
+		t.Errorf("dev keeps placeholders: %v", env)
+	}
+	if p, _ := s.Policy("dev"); !p.Empty() {
+		t.Errorf("dev keeps bindings")
+	}
+	if env, _ := s.Placeholders("prod"); len(env) != 1 {
+		t.Errorf("prod lost its placeholder: %v", env)
+	}
+	if _, err := os.Stat(s.Dir); err != nil {
+		t.Fatal(err)
+	}
+}
