@@ -439,3 +439,46 @@ func TestForgetInstance(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestConcurrentRotation: a daemon reading policies and values while the
+// CLI rotates and rebinds sees one whole value or the other, never a mix.
+func TestConcurrentRotation(t *testing.T) {
+	s := newStore(t)
+	const a, b = "value-aaaaaaaaaaaa", "value-bbbbbbbbbbbb"
+	if err := s.Set("TOK", []byte(a)); err != nil {
+		t.Fatal(err)
+	}
+	mustBind(t, s, "TOK", BindingSpec{Instance: "dev", Host: "api.example.com", Bearer: true})
+	src := s.Source("dev")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 50 {
+			v := a
+			if i%2 == 1 {
+				v = b
+			}
+			if err := s.Set("TOK", []byte(v)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		if p, err := src.Policy(); err != nil || p.Empty() {
+			t.Fatalf("policy during rotation: %v (empty %v)", err, p.Empty())
+		}
+		v, err := s.Value(context.Background(), "TOK")
+		if err != nil {
+			t.Fatalf("Value during rotation: %v", err)
+		}
+		if string(v) != a && string(v) != b {
+			t.Fatalf("Value during rotation = %q, a mix", v)
+		}
+	}
+}
