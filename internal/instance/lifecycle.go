@@ -11,6 +11,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/hostfw"
 	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/secrets"
 	"github.com/abox-dev/abox/internal/validate"
 )
 
@@ -364,6 +365,11 @@ func (m *Manager) Remove(ctx context.Context, name string, force bool) error {
 	}
 	if err := m.Firewall.Remove(ctx, bridge); err != nil {
 		errs = append(errs, fmt.Errorf("host firewall: %w", err))
+	}
+	// The instance's secret bindings and placeholders go with it: a new
+	// instance of the same name must not inherit where its values may go.
+	if err := secrets.Open(m.Layout.Secrets()).ForgetInstance(name); err != nil {
+		errs = append(errs, fmt.Errorf("secret bindings: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
 		// Keep the files so that a retry can finish the job.
