@@ -240,7 +240,17 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 	}
 	log := slog.New(slog.NewJSONHandler(diag, nil))
 
-	pol, err := policy.New(policy.Config{AllowlistPath: cfg.AllowlistPath, Logger: log})
+	pcfg := policy.Config{AllowlistPath: cfg.AllowlistPath, Logger: log}
+	if h := cfg.HTTP; h != nil {
+		// Request rules on a host the proxy tunnels could not be enforced:
+		// such a list is refused at start, on reload and on every edit.
+		tun, err := httpfilter.NewTunnelled(h.NoMITM, h.MITMExceptions)
+		if err != nil {
+			return Options{}, info, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		pcfg.Check = tun.Check
+	}
+	pol, err := policy.New(pcfg)
 	if err != nil {
 		return Options{}, info, fmt.Errorf("%w: %w", ErrAllowlist, err)
 	}

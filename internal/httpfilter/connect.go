@@ -19,7 +19,7 @@ import (
 
 // serveConnect decides a CONNECT, then intercepts the tunnel (default),
 // tunnels it after checking the ClientHello (exceptions, --no-mitm), or
-// answers the healthcheck itself.
+// answers the healthcheck itself. The caller writes the log line.
 func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *record) {
 	t, err := egress.ParseAuthority(requestAuthority(r), 0)
 	if u := r.URL; err == nil && (r.RequestURI == "" || r.RequestURI[0] == '/' ||
@@ -34,29 +34,25 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 	if err != nil {
 		rec.host, rec.err = r.Host, err
 		p.refuse(w, rec, http.StatusBadRequest, ReasonInvalidTarget, true)
-		p.finish(rec)
 		return
 	}
 	rec.setTarget(t)
-	d := p.decide(ctx, t, nil)
+	d := p.decide(ctx, t, nil, nil)
 	rec.apply(d)
 	if d.verdict != allowlist.Allow {
 		p.refuse(w, rec, d.status, d.reason, true)
-		p.finish(rec)
 		return
 	}
 	use := p.hold(t)
 	defer p.unhold(use)
 	if use.revoked.Load() {
 		p.refuse(w, rec, http.StatusForbidden, ReasonRevoked, true)
-		p.finish(rec)
 		return
 	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		rec.err = err
 		p.refuse(w, rec, http.StatusInternalServerError, "hijack_failed", true)
-		p.finish(rec)
 		return
 	}
 	defer conn.Close()
@@ -69,12 +65,10 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 		// yet, and nothing will be.
 		rec.verdict, rec.reason, rec.status = allowlist.Block, ReasonRevoked, http.StatusForbidden
 		io.WriteString(conn, "HTTP/1.1 403 Forbidden\r\nX-Abox-Reason: "+ReasonRevoked+"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
-		p.finish(rec)
 		return
 	}
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		rec.err, rec.status = err, 499
-		p.finish(rec)
 		return
 	}
 	rec.status = http.StatusOK
@@ -86,7 +80,10 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 		// Answered here in every mode, TLS included: nothing leaves the host.
 		rec.mode = "healthcheck"
 		p.intercept(ctx, client, t, nil, rec)
-	case p.cfg.NoMITM || p.exceptions[t.Host()]:
+	case p.tunnelled.Has(t) && d.rules == nil:
+		// A host with request rules is always intercepted: a tunnel
+		// would carry requests no rule saw (Tunnelled.Check keeps such a
+		// list out of force; this holds whatever list is in force).
 		rec.mode = "tunnel"
 		p.stats.tunnels.Add(1)
 		p.tunnel(ctx, client, d.checked, rec)
@@ -112,7 +109,6 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 			}
 		}
 	}
-	p.finish(rec)
 }
 
 var errHelloRead = errors.New("client hello read")

@@ -16,6 +16,7 @@ import (
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
+	"github.com/abox-dev/abox/internal/reqrules"
 )
 
 // decision is the outcome of the one decision path every request, CONNECT
@@ -35,6 +36,22 @@ type decision struct {
 	// healthcheck: the only addresses that may be dialled.
 	checked *egress.Checked
 	err     error // for the log only
+	// rules is the rule set of the entry that allowed the host (nil: no
+	// rules, everything); a CONNECT to a host with rules is intercepted.
+	rules *reqrules.Set
+	// req is the request-rule decision when rules decided a request, and
+	// target the path and query to send upstream in its canonical form.
+	req    reqrules.Decision
+	target reqrules.Target
+}
+
+// request is what the request rules look at; decide takes nil for a
+// CONNECT, whose requests are decided one by one inside the tunnel.
+type request struct {
+	method string
+	// target is the request-target as it was on the wire (r.RequestURI,
+	// :path on HTTP/2): the bytes decided are the guest's.
+	target string
 }
 
 func block(status int, reason string) decision {
@@ -42,11 +59,13 @@ func block(status int, reason string) decision {
 }
 
 // decide: healthcheck, then (for IP literals) the address class, then the
-// allowlist, the port policy, one resolution and the class of every address.
+// allowlist, the request rules of the entry that allowed the name (for rq,
+// see CheckRequest), the port policy, one resolution and the class of every
+// address.
 // pinned, when it checked the same target (the CONNECT of the tunnel an
 // inner request arrived in), stands in for the resolution: its addresses
 // are classified again, and the name is decided again as for any request.
-func (p *Proxy) decide(ctx context.Context, t egress.Target, pinned *egress.Checked) decision {
+func (p *Proxy) decide(ctx context.Context, t egress.Target, pinned *egress.Checked, rq *request) decision {
 	if t.Name == policy.HealthcheckName {
 		return decision{verdict: allowlist.Allow, reason: policy.ReasonHealthcheck, healthcheck: true}
 	}
@@ -62,13 +81,21 @@ func (p *Proxy) decide(ctx context.Context, t egress.Target, pinned *egress.Chec
 		}
 		d = decision{verdict: allowlist.Allow, reason: policy.ReasonPassive}
 	} else {
-		ad := p.cfg.Policy.DecideNormalized(t.Name)
+		ad, rules, passive := p.decideName(t.Name)
 		if ad.Verdict != allowlist.Allow {
 			d := block(http.StatusForbidden, ad.Reason)
 			d.rule = ad.Rule
 			return d
 		}
-		d = decision{verdict: allowlist.Allow, reason: ad.Reason, rule: ad.Rule}
+		d = decision{verdict: allowlist.Allow, reason: ad.Reason, rule: ad.Rule, rules: rules}
+		if rules != nil && rq != nil {
+			d.req, d.target = CheckRequest(rules, passive, rq.method, rq.target)
+			if !d.req.Allowed {
+				rd := block(http.StatusForbidden, d.req.Reason)
+				rd.rule, rd.rules, rd.req = ad.Rule, rules, d.req
+				return rd
+			}
+		}
 	}
 	if !p.ports[t.Port] {
 		return block(http.StatusForbidden, ReasonPortNotAllowed)
@@ -99,6 +126,23 @@ func (p *Proxy) decide(ctx context.Context, t egress.Target, pinned *egress.Chec
 	return d
 }
 
+// decideName is the name decision with the rule set of the entry that
+// took it, both from one list: a reload between the two would pair a name
+// with another list's rules (an entry just removed has none: everything).
+func (p *Proxy) decideName(n string) (ad allowlist.Decision, rules *reqrules.Set, passive bool) {
+	for {
+		l := p.cfg.Policy.List()
+		ad = p.cfg.Policy.DecideNormalized(n)
+		passive = p.cfg.Policy.Mode() == policy.Passive
+		if p.cfg.Policy.List() == l {
+			if ad.Verdict == allowlist.Allow && ad.Rule != "" {
+				rules = l.Rules(ad.Rule)
+			}
+			return ad, rules, passive
+		}
+	}
+}
+
 func newDenialID() string {
 	var b [6]byte
 	rand.Read(b[:])
@@ -124,12 +168,25 @@ type record struct {
 	connect  string // inner: the tunnel's CONNECT authority
 	asked    string // the host the client asked for, when it differs (fronting)
 	sni      string
-	up, down int64
-	err      error
+	// The request rules' part (docs/policy.md): ruleSet names the entry
+	// whose rules decided the request, reqRule the rule that allowed it,
+	// wouldDeny the reason the other rules refuse a request only an audit
+	// rule (or passive mode) allowed, detail why a path has no canonical
+	// form.
+	ruleSet, reqRule, wouldDeny, detail string
+	up, down                            int64
+	err                                 error
 }
 
 func (r *record) apply(d decision) {
 	r.verdict, r.reason, r.rule, r.shown = d.verdict, d.reason, d.rule, d.shown
+	if d.req.Set != "" {
+		r.ruleSet, r.wouldDeny, r.detail = d.req.Set, d.req.WouldDeny, d.req.Detail
+		r.reqRule = d.req.Rule
+		if r.reqRule == "" && d.req.Allowed {
+			r.reqRule = "(everything)" // the rule without methods or pattern
+		}
+	}
 	if d.err != nil {
 		r.err = d.err
 	}
@@ -203,6 +260,18 @@ func (p *Proxy) finish(r *record) {
 	if r.rule != "" {
 		attrs = append(attrs, slog.String("rule", r.rule))
 	}
+	if r.ruleSet != "" {
+		attrs = append(attrs, slog.String("rule_set", r.ruleSet))
+	}
+	if r.reqRule != "" {
+		attrs = append(attrs, slog.String("request_rule", r.reqRule))
+	}
+	if r.wouldDeny != "" {
+		attrs = append(attrs, slog.String("would_deny", r.wouldDeny))
+	}
+	if r.detail != "" {
+		attrs = append(attrs, slog.String("detail", r.detail))
+	}
 	if r.denialID != "" {
 		attrs = append(attrs, slog.String("denial_id", r.denialID))
 	}
@@ -244,6 +313,18 @@ func (r *record) line(now time.Time) *decisionlog.Line {
 	if r.rule != "" {
 		l.String("rule", r.rule)
 	}
+	if r.ruleSet != "" {
+		l.String("rule_set", r.ruleSet)
+	}
+	if r.reqRule != "" {
+		l.String("request_rule", r.reqRule)
+	}
+	if r.wouldDeny != "" {
+		l.String("would_deny", r.wouldDeny)
+	}
+	if r.detail != "" {
+		l.String("detail", r.detail)
+	}
 	if r.denialID != "" {
 		l.String("denial_id", r.denialID)
 	}
@@ -279,6 +360,9 @@ func (p *Proxy) refuse(w http.ResponseWriter, r *record, status int, reason stri
 	h.Set("X-Abox-Reason", reason)
 	h.Set("X-Abox-Denial-Id", r.denialID)
 	h.Set("Cache-Control", "no-store")
+	if ruleRefusal(r) {
+		h.Set("X-Abox-Rule-Set", r.ruleSet)
+	}
 	if closeConn {
 		h.Set("Connection", "close")
 	}
@@ -293,7 +377,25 @@ func (p *Proxy) refuse(w http.ResponseWriter, r *record, status int, reason stri
 	} else if status == http.StatusBadRequest {
 		what = "bad request for"
 	}
+	if ruleRefusal(r) {
+		// Refused by the host's request rules: say which request and
+		// whose rules, so the line to add or widen is plain.
+		fmt.Fprintf(w, "abox proxy: blocked %s %s on %s: %s by the rules of %s (denial id %s)\n", r.method, r.path, host, reason, r.ruleSet, r.denialID)
+		return
+	}
 	fmt.Fprintf(w, "abox proxy: %s %s: %s (denial id %s)\n", what, host, reason, r.denialID)
+}
+
+// ruleRefusal reports whether r was refused by its host's request rules.
+func ruleRefusal(r *record) bool {
+	if r.ruleSet == "" || r.verdict != allowlist.Block {
+		return false
+	}
+	switch r.reason {
+	case reqrules.ReasonMethodNotAllowed, reqrules.ReasonPathNotAllowed, reqrules.ReasonPathNotCanonical:
+		return true
+	}
+	return false
 }
 
 const healthBody = "abox http filter: healthy\n"

@@ -17,6 +17,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/egress"
+	"github.com/abox-dev/abox/internal/reqrules"
 	"golang.org/x/net/http/httpguts"
 )
 
@@ -40,6 +41,10 @@ type fwdState struct {
 	scheme      string
 	defaultPort uint16
 	rec         *record
+	// ruled: the host has request rules, and target is the path and
+	// query they decided, sent in that form (Target.SetURL).
+	ruled       bool
+	target      reqrules.Target
 	sent        atomic.Int64 // request body bytes sent upstream
 	// One allocation with the state: the guest's answer, the request sent
 	// upstream and its URL, the hold on the target.
@@ -60,13 +65,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (p *Proxy) serveOuterRequest(ctx context.Context, w http.ResponseWriter, r *http.Request) {
 	w = closeAfterUpgrade(w, r)
 	rec := &record{start: time.Now(), kind: "http", client: r.RemoteAddr, method: r.Method}
+	// The one place the line is written: no return (nor the panic that
+	// aborts a broken answer) can leave a request unlogged.
+	defer p.finish(rec)
 	if status, reason := requestRefusal(r); reason != "" {
 		rec.path = pathOnly(r)
 		if r.Method == http.MethodConnect {
 			rec.kind = "connect"
 		}
 		p.refuse(w, rec, status, reason, true)
-		p.finish(rec)
 		return
 	}
 	if !p.admit(ctx) {
@@ -86,21 +93,18 @@ func (p *Proxy) serveOuterRequest(ctx context.Context, w http.ResponseWriter, r 
 		rec.path = pathOnly(r)
 		if r.URL.User != nil {
 			p.refuse(w, rec, http.StatusBadRequest, ReasonUserinfo, true)
-			p.finish(rec)
-			return
+				return
 		}
 		t, err := egress.ParseAuthority(requestAuthority(r), 80)
 		if err != nil {
 			rec.err = err
 			p.refuse(w, rec, http.StatusBadRequest, ReasonInvalidTarget, true)
-			p.finish(rec)
-			return
+				return
 		}
 		p.serveForward(ctx, w, r, rec, t, "http", 80, nil)
 	case r.URL.IsAbs() && r.URL.Scheme == "https":
 		rec.host = r.URL.Hostname()
 		p.refuse(w, rec, http.StatusBadRequest, ReasonHTTPSInAbsolute, false)
-		p.finish(rec)
 	default:
 		rec.path = pathOnly(r)
 		rec.verdict, rec.reason, rec.status = allowlist.Block, ReasonNotProxyRequest, http.StatusBadRequest
@@ -108,7 +112,6 @@ func (p *Proxy) serveOuterRequest(ctx context.Context, w http.ResponseWriter, r 
 		w.Header().Set("X-Abox-Reason", ReasonNotProxyRequest)
 		w.WriteHeader(http.StatusBadRequest)
 		io.WriteString(w, "abox proxy: this is a forward proxy: send absolute-form requests (GET http://host/path) or CONNECT host:port\n")
-		p.finish(rec)
 	}
 }
 
@@ -118,9 +121,9 @@ func (p *Proxy) serveInner(ctx context.Context, w http.ResponseWriter, r *http.R
 	w = closeAfterUpgrade(w, r)
 	sc, _ := ctx.Value(scopeKey{}).(*scope)
 	rec := &record{start: time.Now(), kind: "inner", client: r.RemoteAddr, method: r.Method, path: pathOnly(r)}
+	defer p.finish(rec)
 	if sc == nil {
 		p.refuse(w, rec, http.StatusInternalServerError, "no_scope", true)
-		p.finish(rec)
 		return
 	}
 	rec.connect = sc.authority
@@ -132,7 +135,6 @@ func (p *Proxy) serveInner(ctx context.Context, w http.ResponseWriter, r *http.R
 	h1 := r.ProtoMajor == 1
 	if status, reason := requestRefusal(r); reason != "" {
 		p.refuse(w, rec, status, reason, h1)
-		p.finish(rec)
 		return
 	}
 	if !p.admit(ctx) {
@@ -141,14 +143,12 @@ func (p *Proxy) serveInner(ctx context.Context, w http.ResponseWriter, r *http.R
 	}
 	if r.Method == http.MethodConnect {
 		p.refuse(w, rec, http.StatusForbidden, ReasonConnectInTunnel, h1)
-		p.finish(rec)
 		return
 	}
 	if err := innerTargetError(r); err != nil {
 		rec.asked = r.Host
 		rec.err = err
 		p.refuse(w, rec, http.StatusBadRequest, ReasonInvalidTarget, h1)
-		p.finish(rec)
 		return
 	}
 	t, err := egress.ParseAuthority(requestAuthority(r), sc.defaultPort)
@@ -156,7 +156,6 @@ func (p *Proxy) serveInner(ctx context.Context, w http.ResponseWriter, r *http.R
 		rec.asked = r.Host
 		rec.err = err
 		p.refuse(w, rec, http.StatusBadRequest, ReasonInvalidTarget, h1)
-		p.finish(rec)
 		return
 	}
 	if !t.Same(sc.connect) {
@@ -165,42 +164,39 @@ func (p *Proxy) serveInner(ctx context.Context, w http.ResponseWriter, r *http.R
 			// RFC 9113 9.1.2: this connection cannot serve that
 			// authority; the client may retry it on a connection of its own.
 			p.refuse(w, rec, http.StatusMisdirectedRequest, ReasonDomainFronting, false)
-			p.finish(rec)
-			return
+				return
 		}
 		p.refuse(w, rec, http.StatusForbidden, ReasonDomainFronting, true)
-		p.finish(rec)
 		return
 	}
 	r.Header.Del("Host")
 	p.serveForward(ctx, w, r, rec, t, sc.scheme, sc.defaultPort, sc.checked)
 }
 
-// serveForward decides t and forwards r to exactly the checked address;
-// pinned is the tunnel's checked target for an inner request.
+// serveForward decides t and r's method and path, and forwards r to
+// exactly the checked address, with the path in the form decided; pinned
+// is the tunnel's checked target for an inner request. The caller writes
+// the log line.
 func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *record, t egress.Target, scheme string, defPort uint16, pinned *egress.Checked) {
 	rec.setTarget(t)
 	if reason := upgradeRefusal(r.Header); reason != "" {
 		p.refuse(w, rec, http.StatusBadRequest, reason, true)
-		p.finish(rec)
 		return
 	}
-	d := p.decide(ctx, t, pinned)
+	d := p.decide(ctx, t, pinned, &request{method: r.Method, target: r.RequestURI})
 	rec.apply(d)
 	if d.healthcheck {
 		if r.Body != nil {
 			io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
 		}
 		serveHealth(w, rec)
-		p.finish(rec)
 		return
 	}
 	if d.verdict != allowlist.Allow {
 		p.refuse(w, rec, d.status, d.reason, false)
-		p.finish(rec)
 		return
 	}
-	st := &fwdState{checked: d.checked, scheme: scheme, defaultPort: defPort, rec: rec}
+	st := &fwdState{checked: d.checked, scheme: scheme, defaultPort: defPort, rec: rec, ruled: d.rules != nil, target: d.target}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &st.sent}
 	}
@@ -217,13 +213,11 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 		if !use.attach(c) {
 			// The policy changed while this request was being decided.
 			p.refuse(w, rec, http.StatusForbidden, ReasonRevoked, true)
-			p.finish(rec)
-			return
+				return
 		}
 	}
 	if !p.acquireUpstream(ctx) {
 		p.refuse(w, rec, http.StatusServiceUnavailable, ReasonUpstreamBusy, false)
-		p.finish(rec)
 		return
 	}
 	defer p.releaseUpstream()
@@ -238,7 +232,6 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 			rec.status = http.StatusSwitchingProtocols // ReverseProxy hijacked
 		}
 	}
-	p.finish(rec)
 	if cw.status == 0 && !cw.upgrade && ctx.Err() != nil {
 		// The guest left, or a revocation or shutdown ended the exchange,
 		// before any answer: the connection ends without one (left to the
@@ -285,6 +278,9 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	st := pr.In.Context().Value(fwdKey{}).(*fwdState)
 	t := st.checked.Target
 	upstreamURL(pr.Out.URL, pr.In.URL, st.scheme, t.Authority())
+	if st.ruled {
+		st.target.SetURL(pr.Out.URL)
+	}
 	pr.Out.Host = t.HostHeader(st.defaultPort)
 	pr.Out.Header.Del("Proxy-Authorization")
 	pr.Out.Header.Del("Proxy-Connection")

@@ -525,6 +525,9 @@ func (p *Proxy) outbound(r *http.Request, st *fwdState) *http.Request {
 	auth := t.Authority()
 	u := &st.outURL
 	upstreamURL(u, r.URL, st.scheme, auth)
+	if st.ruled {
+		st.target.SetURL(u) // the form the rules decided, byte for byte
+	}
 	h := r.Header
 	keepTE := httpguts.HeaderValuesContainsToken(h["Te"], "trailers")
 	removeHopByHop(h)

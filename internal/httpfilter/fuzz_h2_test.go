@@ -47,7 +47,7 @@ func FuzzInnerH2(f *testing.F) {
 func (fp *fuzzProxy) serveH2(t *testing.T, b []byte, want int) []originReq {
 	target := egress.Target{Name: h2Target, Port: 80}
 	ctx := context.Background()
-	d := fp.p.decide(ctx, target, nil)
+	d := fp.p.decide(ctx, target, nil, nil)
 	if d.checked == nil {
 		t.Fatalf("%s is not allowed: %s", h2Target, d.reason)
 	}

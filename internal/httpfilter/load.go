@@ -80,7 +80,6 @@ func (p *Proxy) admit(ctx context.Context) bool {
 func (p *Proxy) refuseRate(w http.ResponseWriter, rec *record, closeConn bool) {
 	w.Header().Set("Retry-After", "1")
 	p.refuse(w, rec, http.StatusTooManyRequests, ReasonRateLimited, closeConn)
-	p.finish(rec)
 }
 
 // acquireUpstream takes one of the instance's upstream slots, waiting up to

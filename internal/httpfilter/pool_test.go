@@ -256,7 +256,7 @@ func TestH2ConnectionLostIsRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := h.p.decide(context.Background(), tg, nil)
+	d := h.p.decide(context.Background(), tg, nil, nil)
 	if d.checked == nil {
 		t.Fatalf("decision %+v", d)
 	}

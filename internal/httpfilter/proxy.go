@@ -52,7 +52,9 @@ type Config struct {
 	CA *ca.CA
 	// NoMITM tunnels every CONNECT after checking the ClientHello's SNI.
 	NoMITM bool
-	// MITMExceptions are names tunnelled instead of intercepted.
+	// MITMExceptions are names tunnelled instead of intercepted. An entry
+	// with request rules on a host that NoMITM or an exception tunnels is
+	// an error (Tunnelled.Check); give the Policy's engine the same check.
 	MITMExceptions []string
 	// UpstreamRoots verify upstream servers; nil means the system roots.
 	UpstreamRoots *x509.CertPool
@@ -105,7 +107,7 @@ type Proxy struct {
 	cfg        Config
 	guard      *egress.Guard
 	ports      map[uint16]bool
-	exceptions map[string]bool
+	tunnelled  Tunnelled // hosts carried as byte tunnels
 	dlog       *slog.Logger
 	lines      *decisionlog.Writer // nil: decision lines go through dlog
 	log        *slog.Logger
@@ -211,7 +213,6 @@ func New(cfg Config) (*Proxy, error) {
 		cfg:        cfg,
 		guard:      &egress.Guard{Resolver: cfg.Resolver, Policy: cfg.Addresses, Dialer: cfg.Dialer, DialTimeout: cfg.DialTimeout},
 		ports:      map[uint16]bool{},
-		exceptions: map[string]bool{},
 		dlog:       cfg.DecisionLog,
 		lines:      cfg.Decisions,
 		log:        cfg.Logger,
@@ -230,12 +231,15 @@ func New(cfg Config) (*Proxy, error) {
 	for _, port := range cfg.Ports {
 		p.ports[port] = true
 	}
-	for _, h := range cfg.MITMExceptions {
-		t, err := egress.ParseHost(h)
-		if err != nil {
-			return nil, fmt.Errorf("creating http filter: mitm exception %q: %w", h, err)
-		}
-		p.exceptions[t.Host()] = true
+	tun, err := NewTunnelled(cfg.NoMITM, cfg.MITMExceptions)
+	if err != nil {
+		return nil, fmt.Errorf("creating http filter: %w", err)
+	}
+	p.tunnelled = tun
+	// The daemon gives the policy engine the same check (policy.Config's
+	// Check), which keeps such a list out of force on reload as well.
+	if err := tun.Check(cfg.Policy.List()); err != nil {
+		return nil, fmt.Errorf("creating http filter: %w", err)
 	}
 	roots := cfg.UpstreamRoots
 	if roots == nil {

@@ -56,6 +56,9 @@ func (e *Engine) baseLocked() ([]byte, *allowlist.List, error) {
 // next reload tries the write again before it reads the file.
 func (e *Engine) applyLocked(trigger string, data []byte) error {
 	l, err := allowlist.Parse(bytes.NewReader(data), e.path)
+	if err == nil {
+		err = e.checkList(l)
+	}
 	if err != nil {
 		return fmt.Errorf("applying allowlist %s: %w", trigger, err)
 	}

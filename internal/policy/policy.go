@@ -97,14 +97,19 @@ type Config struct {
 	LearnLimits LearnLimits
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Check, when set, refuses a list the filters could not enforce as
+	// written (request rules on a host the proxy tunnels): on load, on
+	// reload and on every edit, so such a list never comes into force.
+	Check func(*allowlist.List) error
 }
 
 // Engine is the shared, concurrency-safe policy of one instance. Decide is
 // lock-free; changes to the list are serialised by mu.
 type Engine struct {
-	path string
-	log  *slog.Logger
-	now  func() time.Time
+	path  string
+	log   *slog.Logger
+	now   func() time.Time
+	check func(*allowlist.List) error // nil: none
 
 	// list is never nil after New.
 	list atomic.Pointer[allowlist.List]
@@ -152,6 +157,7 @@ func New(cfg Config) (*Engine, error) {
 		path:      cfg.AllowlistPath,
 		log:       cfg.Logger,
 		now:       cfg.Now,
+		check:     cfg.Check,
 		profile:   NewProfile(cfg.ProfileLimit),
 		learned:   NewLearnRecord(cfg.LearnLimits),
 		writeFile: fsutil.WriteFileAtomic,
@@ -187,10 +193,24 @@ func (e *Engine) load() (*allowlist.List, error) {
 	}
 	defer f.Close()
 	l, err := allowlist.Parse(f, e.path)
+	if err == nil {
+		err = e.checkList(l)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("loading allowlist: %w", err)
 	}
 	return l, nil
+}
+
+// checkList applies Config.Check, naming the file.
+func (e *Engine) checkList(l *allowlist.List) error {
+	if e.check == nil {
+		return nil
+	}
+	if err := e.check(l); err != nil {
+		return fmt.Errorf("%s: %w", e.path, err)
+	}
+	return nil
 }
 
 // Path is the allowlist file.
