@@ -43,9 +43,9 @@ type fwdState struct {
 	rec         *record
 	// ruled: the host has request rules, and target is the path and
 	// query they decided, sent in that form (Target.SetURL).
-	ruled       bool
-	target      reqrules.Target
-	sent        atomic.Int64 // request body bytes sent upstream
+	ruled  bool
+	target reqrules.Target
+	sent   atomic.Int64 // request body bytes sent upstream
 	// One allocation with the state: the guest's answer, the request sent
 	// upstream and its URL, the hold on the target.
 	cw     countingWriter
@@ -93,13 +93,13 @@ func (p *Proxy) serveOuterRequest(ctx context.Context, w http.ResponseWriter, r 
 		rec.path = pathOnly(r)
 		if r.URL.User != nil {
 			p.refuse(w, rec, http.StatusBadRequest, ReasonUserinfo, true)
-				return
+			return
 		}
 		t, err := egress.ParseAuthority(requestAuthority(r), 80)
 		if err != nil {
 			rec.err = err
 			p.refuse(w, rec, http.StatusBadRequest, ReasonInvalidTarget, true)
-				return
+			return
 		}
 		p.serveForward(ctx, w, r, rec, t, "http", 80, nil)
 	case r.URL.IsAbs() && r.URL.Scheme == "https":
@@ -164,7 +164,7 @@ func (p *Proxy) serveInner(ctx context.Context, w http.ResponseWriter, r *http.R
 			// RFC 9113 9.1.2: this connection cannot serve that
 			// authority; the client may retry it on a connection of its own.
 			p.refuse(w, rec, http.StatusMisdirectedRequest, ReasonDomainFronting, false)
-				return
+			return
 		}
 		p.refuse(w, rec, http.StatusForbidden, ReasonDomainFronting, true)
 		return
@@ -213,7 +213,7 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 		if !use.attach(c) {
 			// The policy changed while this request was being decided.
 			p.refuse(w, rec, http.StatusForbidden, ReasonRevoked, true)
-				return
+			return
 		}
 	}
 	if !p.acquireUpstream(ctx) {

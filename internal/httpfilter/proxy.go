@@ -104,13 +104,13 @@ type Config struct {
 
 // Proxy is the filtering proxy. Create it with New and run it with Serve.
 type Proxy struct {
-	cfg        Config
-	guard      *egress.Guard
-	ports      map[uint16]bool
-	tunnelled  Tunnelled // hosts carried as byte tunnels
-	dlog       *slog.Logger
-	lines      *decisionlog.Writer // nil: decision lines go through dlog
-	log        *slog.Logger
+	cfg       Config
+	guard     *egress.Guard
+	ports     map[uint16]bool
+	tunnelled Tunnelled // hosts carried as byte tunnels
+	dlog      *slog.Logger
+	lines     *decisionlog.Writer // nil: decision lines go through dlog
+	log       *slog.Logger
 
 	transport *http.Transport // WebSocket upgrades only
 	pool      *upstreamPool   // HTTP/1.1 and HTTP/2 connections to origins
@@ -210,14 +210,14 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.Ports = []uint16{80, 443}
 	}
 	p := &Proxy{
-		cfg:        cfg,
-		guard:      &egress.Guard{Resolver: cfg.Resolver, Policy: cfg.Addresses, Dialer: cfg.Dialer, DialTimeout: cfg.DialTimeout},
-		ports:      map[uint16]bool{},
-		dlog:       cfg.DecisionLog,
-		lines:      cfg.Decisions,
-		log:        cfg.Logger,
-		conns:      map[*idleConn]struct{}{},
-		limits:     newLimits(cfg),
+		cfg:    cfg,
+		guard:  &egress.Guard{Resolver: cfg.Resolver, Policy: cfg.Addresses, Dialer: cfg.Dialer, DialTimeout: cfg.DialTimeout},
+		ports:  map[uint16]bool{},
+		dlog:   cfg.DecisionLog,
+		lines:  cfg.Decisions,
+		log:    cfg.Logger,
+		conns:  map[*idleConn]struct{}{},
+		limits: newLimits(cfg),
 	}
 	p.stats.blocked = map[string]uint64{}
 	if p.dlog == nil {
