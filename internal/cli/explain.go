@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -25,27 +26,38 @@ const exitBlocked = 3
 func newExplainCmd(e *env) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "explain NAME TARGET",
+		Use:   "explain NAME [METHOD] TARGET",
 		Short: "Say whether the guest may reach a name or URL, by which rule and reason",
 		Long: `Decide TARGET (a name, host:port or http(s) URL) as the instance's DNS filter
 and proxy would: the rule that matches, the mode, and the reason code that
-the filters' logs, the DNS Extended Error and the proxy's 403 carry. Nothing
-is sent to the target and the name is not resolved: the addresses it resolves
-to are checked when the guest connects.
+the filters' logs, the DNS Extended Error and the proxy's 403 carry. When the
+host's allowlist entry has request rules, a URL is decided by them too, for
+METHOD (default GET), with the proxy's own function on the path as written:
+method_not_allowed, path_not_allowed or path_not_canonical, and the canonical
+path the proxy would send. Nothing is sent to the target and the name is not
+resolved: the addresses it resolves to are checked when the guest connects.
 
 The live allowlist and mode come from the running filters; with the filters
 down, from the allowlist file (a filter always starts in active mode).
 Exit status: 0 allowed, 3 refused, 1 on error.`,
 		Example: `  abox explain dev github.com
   abox explain dev https://api.example.com:8443/v1
+  abox explain dev POST https://api.github.com/repos/acme/app/pulls
   abox explain dev 169.254.169.254`,
-		Args: exactArgs(2, "an instance NAME and a TARGET"),
+		Args: rangeArgs(2, 3, "an instance NAME, an optional METHOD and a TARGET"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			method, target := "", args[len(args)-1]
+			if len(args) == 3 {
+				method = args[1]
+				if err := explain.Method(method); err != nil {
+					return usageError{err}
+				}
+			}
 			p, err := e.explainPolicy(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
-			r, err := explain.Explain(p, args[1])
+			r, err := explain.Explain(p, method, target)
 			if err != nil {
 				return usageError{err}
 			}
@@ -94,8 +106,11 @@ func (e *env) explainPolicy(ctx context.Context, name string) (explain.Policy, e
 		var mode policy.Mode
 		if mode, err = c.Mode(ctx); err == nil {
 			p.Mode, p.Source = mode, "the running filters"
-			p.List, err = listOf(entries.Entries)
-			return p, err
+			if p.List, err = listOf(entries.Entries); err != nil {
+				return p, err
+			}
+			p.List = withFileRules(p.List, l.Instance(name).Allowlist)
+			return p, nil
 		}
 	}
 	if !errors.Is(err, api.ErrNotRunning) {
@@ -113,16 +128,55 @@ func (e *env) explainPolicy(ctx context.Context, name string) (explain.Policy, e
 	return p, nil
 }
 
+// rangeArgs is cobra.RangeArgs with an error that names what is expected.
+func rangeArgs(lo, hi int, names string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) < lo || len(args) > hi {
+			return usageError{fmt.Errorf("%s takes %s (got %d arguments; see --help)", cmd.CommandPath(), names, len(args))}
+		}
+		return nil
+	}
+}
+
+// listOf builds the list the filters reported, a line each: a name, or a
+// name with one of its request rules.
 func listOf(entries []string) (*allowlist.List, error) {
-	out := make([]allowlist.Entry, 0, len(entries))
+	lines := make([]allowlist.Line, 0, len(entries))
 	for _, s := range entries {
-		en, err := allowlist.ParseEntry(s)
+		ln, err := allowlist.ParseLine(s)
 		if err != nil {
 			return nil, fmt.Errorf("the filters listed an entry abox cannot parse: %w", err)
 		}
-		out = append(out, en)
+		lines = append(lines, ln)
 	}
-	return allowlist.New(out), nil
+	return allowlist.NewLines(lines)
+}
+
+// withFileRules returns the allowlist file's list in place of live, which
+// the filters reported by names only, when the file lists the same names:
+// its request rules are then those in force. Otherwise live as it is.
+func withFileRules(live *allowlist.List, path string) *allowlist.List {
+	if len(live.Restricted()) > 0 {
+		return live
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return live
+	}
+	defer f.Close()
+	file, err := allowlist.Parse(f, path)
+	if err != nil || len(file.Restricted()) == 0 || !slices.Equal(names(file), names(live)) {
+		return live
+	}
+	return file
+}
+
+func names(l *allowlist.List) []string {
+	var out []string
+	for _, e := range l.Entries() {
+		out = append(out, e.String())
+	}
+	return out
 }
 
 func renderExplain(e *env, name string, r explain.Result) {
@@ -142,6 +196,30 @@ func renderExplain(e *env, name string, r explain.Result) {
 	row("dns", r.DNS)
 	row("proxy", r.Proxy)
 	tw.Flush()
+	if q := r.Request; q != nil {
+		switch {
+		case q.Decision == nil:
+			fmt.Fprintf(e.stdout, "  request rules of %s: %s\n    %s\n", q.Set, q.Rules, q.Note)
+		case q.Allowed:
+			sent := q.Path
+			if q.Query != "" {
+				sent += "?" + q.Query
+			}
+			rule := q.Rule
+			if rule == "" {
+				rule = "(everything)"
+			}
+			fmt.Fprintf(e.stdout, "  request: %s allowed by %s's rule %q, sent upstream as %s\n", q.Method, q.Set, rule, sent)
+			if q.WouldDeny != "" {
+				fmt.Fprintf(e.stdout, "    audit: the other rules would refuse it (would_deny %s)\n", q.WouldDeny)
+			}
+		default:
+			fmt.Fprintf(e.stdout, "  request: %s refused, %s, by the rules of %s: %s\n", q.Method, q.Reason, q.Set, q.Rules)
+			if q.Detail != "" {
+				fmt.Fprintf(e.stdout, "    %s\n", q.Detail)
+			}
+		}
+	}
 	if r.TLS != "" {
 		fmt.Fprintf(e.stdout, "  tls: %s\n", r.TLS)
 	}

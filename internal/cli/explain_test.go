@@ -97,3 +97,28 @@ func runCLI(l paths.Layout, args ...string) (string, error) {
 	err := root.ExecuteContext(context.Background())
 	return out.String() + errb.String(), err
 }
+
+// TestExplainCommandRequestRules: METHOD URL is decided by the host's
+// rules, as the proxy decides it.
+func TestExplainCommandRequestRules(t *testing.T) {
+	root := t.TempDir()
+	l := paths.Layout{Root: root}
+	saveState(t, root, instance.State{Name: "off", Gateway: netip.MustParseAddr("10.10.8.1")})
+	os.WriteFile(l.Allowlist("off"), []byte("api.github.com GET,HEAD /**\napi.github.com POST /repos/acme/app/pulls\n"), 0o644)
+	out, err := runCLI(l, "explain", "off", "POST", "https://api.github.com/repos/acme/app/pulls")
+	if err != nil || !strings.Contains(out, "POST allowed by api.github.com's rule") || !strings.Contains(out, "sent upstream as /repos/acme/app/pulls") {
+		t.Fatalf("allowed POST = %v\n%s", err, out)
+	}
+	out, err = runCLI(l, "explain", "off", "POST", "https://api.github.com/gists")
+	var ce exitCodeError
+	if !errors.As(err, &ce) || ce.code != exitBlocked || !strings.Contains(out, "path_not_allowed") || !strings.Contains(out, "rules of api.github.com") {
+		t.Fatalf("refused POST = %v\n%s", err, out)
+	}
+	out, err = runCLI(l, "explain", "off", "https://api.github.com/a/%2e%2e/b")
+	if err != nil || !strings.Contains(out, "sent upstream as /b") {
+		t.Fatalf("default GET = %v\n%s", err, out)
+	}
+	if _, err := runCLI(l, "explain", "off", "post", "https://api.github.com/"); err == nil || !strings.Contains(err.Error(), "write POST") {
+		t.Errorf("lower-case method = %v", err)
+	}
+}

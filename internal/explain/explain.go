@@ -6,6 +6,7 @@ package explain
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"github.com/abox-dev/abox/internal/httpfilter"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
+	"github.com/abox-dev/abox/internal/reqrules"
 )
 
 // Policy is what the filters of one instance decide with.
@@ -58,10 +60,32 @@ type Result struct {
 	Source string      `json:"source"`
 	DNS    Step        `json:"dns"`
 	Proxy  Step        `json:"proxy"`
+	// Request is the request rules' answer when the entry that allowed the
+	// host has rules; nil when it has none (everything on it is allowed).
+	Request *Request `json:"request,omitempty"`
 	// TLS says how an allowed HTTPS connection is carried.
 	TLS string `json:"tls,omitempty"`
 	// Verdict is the proxy's: whether the guest's request would go out.
 	Verdict allowlist.Verdict `json:"verdict"`
+}
+
+// Request is the decision of the host's request rules on one request, as
+// the proxy takes it (httpfilter.CheckRequest).
+type Request struct {
+	Method string `json:"method"`
+	// Path and Query are what the proxy would send upstream: the
+	// canonical form the rules decided. Empty without a URL.
+	Path  string `json:"path,omitempty"`
+	Query string `json:"query,omitempty"`
+	// Rules lists the rule set of the entry.
+	Rules string `json:"rules"`
+	// Set names the entry the rules belong to.
+	Set string `json:"set"`
+	// Decision is the rules' decision; nil for a bare name, which is a
+	// connection, not a request.
+	*reqrules.Decision
+	// Note says what a bare name's answer leaves open.
+	Note string `json:"note,omitempty"`
 }
 
 // ErrTarget is returned for a target that is neither a host name, host:port,
@@ -103,11 +127,34 @@ func Target(s string) (scheme string, t egress.Target, err error) {
 	return scheme, t, nil
 }
 
-// Explain decides target as the instance's DNS filter and proxy would, in the
-// proxy's order: healthcheck, the class of an IP literal, the allowlist and
-// mode, the port. The addresses a name resolves to are checked only when the
-// guest connects; Explain does not resolve.
-func Explain(p Policy, target string) (Result, error) {
+// Method checks a method given to explain: any HTTP token, but a known
+// method in lower case is refused, since methods are case-sensitive and
+// "get" is not what the user means.
+func Method(m string) error {
+	if m == "" || strings.IndexFunc(m, func(r rune) bool { return r <= ' ' || r >= 0x7f || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, r) }) >= 0 {
+		return fmt.Errorf("%w: method %q is not an HTTP method (GET, POST, ...)", ErrTarget, m)
+	}
+	known := []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
+	if up := strings.ToUpper(m); up != m && slices.Contains(known, up) {
+		return fmt.Errorf("%w: method %q: methods are case-sensitive (the proxy's rules would not take it for %s); write %s", ErrTarget, m, up, up)
+	}
+	return nil
+}
+
+// Explain decides method on target as the instance's DNS filter and proxy
+// would, in the proxy's order: healthcheck, the class of an IP literal, the
+// allowlist and mode, the request rules of the entry that allowed the name
+// (with the proxy's own function, httpfilter.CheckRequest, on the URL's
+// path and query as written), the port. The addresses a name resolves to
+// are checked only when the guest connects; Explain does not resolve. An
+// empty method is GET.
+func Explain(p Policy, method, target string) (Result, error) {
+	if method == "" {
+		method = http.MethodGet
+	}
+	if err := Method(method); err != nil {
+		return Result{}, err
+	}
 	scheme, t, err := Target(target)
 	if err != nil {
 		return Result{}, err
@@ -140,6 +187,9 @@ func Explain(p Policy, target string) (Result, error) {
 			r.DNS.Detail = "answered NXDOMAIN with an Extended DNS Error (Blocked) naming the reason"
 			r.Proxy.Detail = "answered 403 with the reason in X-Abox-Reason"
 		}
+		if set := p.List.Rules(d.Rule); set != nil && d.Verdict == allowlist.Allow {
+			r.Request = request(&r.Proxy, set, r.Mode, method, target)
+		}
 	}
 	if r.Proxy.Verdict == allowlist.Allow && r.Proxy.Reason != policy.ReasonHealthcheck && !portOK {
 		r.Proxy = Step{Verdict: allowlist.Block, Reason: httpfilter.ReasonPortNotAllowed, Rule: r.Proxy.Rule,
@@ -160,6 +210,29 @@ func Explain(p Policy, target string) (Result, error) {
 		r.TLS = ""
 	}
 	return r, nil
+}
+
+// request decides the request rules of set and, on a refusal, turns step
+// (the proxy's) into it.
+func request(step *Step, set *reqrules.Set, m policy.Mode, method, target string) *Request {
+	rq := &Request{Method: method, Rules: set.String(), Set: set.Name()}
+	if !strings.Contains(target, "://") {
+		rq.Note = "every request is decided by these rules; give METHOD URL to decide one"
+		return rq
+	}
+	// The guest never sends a fragment.
+	if i := strings.IndexByte(target, '#'); i >= 0 {
+		target = target[:i]
+	}
+	d, tg := httpfilter.CheckRequest(set, m == policy.Passive, method, target)
+	rq.Decision = &d
+	if d.Allowed {
+		rq.Path, rq.Query = tg.Path, tg.Query
+		return rq
+	}
+	*step = Step{Verdict: allowlist.Block, Reason: d.Reason, Rule: step.Rule,
+		Detail: fmt.Sprintf("refused by the rules of %s: answered 403 with the reason, the rule set and a denial id", set.Name())}
+	return rq
 }
 
 // literal is the proxy's decision for an IP-literal target.

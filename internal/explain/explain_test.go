@@ -64,7 +64,7 @@ func TestExplain(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := Explain(tc.p, tc.target)
+			r, err := Explain(tc.p, "", tc.target)
 			if err != nil {
 				t.Fatalf("Explain(%q): %v", tc.target, err)
 			}
@@ -93,7 +93,7 @@ func TestExplain(t *testing.T) {
 func TestExplainAmbiguousLiteral(t *testing.T) {
 	p := Policy{List: list(t, "example.com\n"), Mode: policy.Passive}
 	for _, target := range []string{"http://2130706433/", "0x7f.1", "0177.0.0.1:443"} {
-		if _, err := Explain(p, target); err == nil || !strings.Contains(err.Error(), "ambiguous notation") {
+		if _, err := Explain(p, "", target); err == nil || !strings.Contains(err.Error(), "ambiguous notation") {
 			t.Errorf("Explain(%q) = %v, want the ambiguous notation refused", target, err)
 		}
 	}
@@ -101,7 +101,7 @@ func TestExplainAmbiguousLiteral(t *testing.T) {
 
 func TestExplainNoMITM(t *testing.T) {
 	p := Policy{List: list(t, "example.com\n"), NoMITM: true}
-	r, err := Explain(p, "example.com")
+	r, err := Explain(p, "", "example.com")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestExplainRecordsNothingInPassive(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.SetMode(policy.Passive)
-	r, err := Explain(Policy{List: e.List(), Mode: e.Mode()}, "unlisted.test")
+	r, err := Explain(Policy{List: e.List(), Mode: e.Mode()}, "", "unlisted.test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestExplainRecordsNothingInPassive(t *testing.T) {
 		t.Errorf("engine says %s, explain says %s", got.Reason, r.Proxy.Reason)
 	}
 	e.ClearProfile()
-	Explain(Policy{List: e.List(), Mode: e.Mode()}, "other.test")
+	Explain(Policy{List: e.List(), Mode: e.Mode()}, "", "other.test")
 	if n := len(e.Profile().Entries); n != 0 {
 		t.Errorf("profile has %d names after explain, want 0", n)
 	}
@@ -136,7 +136,7 @@ func TestExplainRecordsNothingInPassive(t *testing.T) {
 
 func TestTargetErrors(t *testing.T) {
 	for _, s := range []string{"", "ftp://example.com/", "https://user:pw@example.com/", "example.com/path", "[::1", "example.com:99999", "a b", "exa_mple..com"} {
-		if _, err := Explain(Policy{}, s); !errors.Is(err, ErrTarget) {
+		if _, err := Explain(Policy{}, "", s); !errors.Is(err, ErrTarget) {
 			t.Errorf("Explain(%q) error = %v, want ErrTarget", s, err)
 		}
 	}
