@@ -26,6 +26,7 @@ import (
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
+	"github.com/abox-dev/abox/internal/reqrules"
 )
 
 // The fuzz target of the proxy as a whole: whatever bytes a guest writes
@@ -41,7 +42,10 @@ import (
 //     tunnel only for the tunnel's own target (no request
 //     smuggled in a body or behind a bad frame reaches the origin
 //     undecided: the origin never sees more requests for a host than the
-//     proxy logged as allowed for it).
+//     proxy logged as allowed for it);
+//   - to a host with request rules, carries a request-target those rules
+//     allow as the origin reads it, in the canonical form (no spelling of
+//     a path reaches the origin as another path than the one decided).
 
 // fuzzConn is the guest's side of a connection: the proxy reads the fuzz
 // input and then EOF, and what it writes back is discarded.
@@ -127,6 +131,7 @@ type originReq struct {
 	dialed netip.AddrPort
 	host   string // Request.Host
 	method string
+	target string   // the request-target as the origin read it
 	ext    []uint16 // a ClientHello's extensions (serveHellos)
 	err    error    // the request did not parse
 	bad    string   // a field the proxy must never forward (forwardedWrongly)
@@ -207,7 +212,7 @@ func (o *fuzzOrigins) serve(c net.Conn, ap netip.AddrPort) {
 			}
 			return
 		}
-		o.record(originReq{dialed: ap, host: req.Host, method: req.Method, bad: forwardedWrongly(req.Header, false)})
+		o.record(originReq{dialed: ap, host: req.Host, method: req.Method, target: req.RequestURI, bad: forwardedWrongly(req.Header, false)})
 		if _, err := io.Copy(io.Discard, req.Body); err != nil {
 			if !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.ErrClosedPipe) && !errors.Is(err, io.EOF) {
 				o.record(originReq{dialed: ap, err: fmt.Errorf("request body: %w", err)})
@@ -257,6 +262,17 @@ func (o *fuzzOrigins) nameOf(a netip.Addr) string {
 	return o.addrs[a]
 }
 
+// fuzzAllowlist: allowed.test (the HTTP/2 target too) and rules.test have
+// request rules, names under ok.test none.
+const fuzzAllowlist = `allowed.test GET,HEAD /**
+allowed.test POST /up
+allowed.test PUT /trial/** audit
+*.ok.test
+rules.test GET,HEAD /repos/acme/**
+rules.test POST /repos/acme/app/pulls
+rules.test GET /search?q=x
+`
+
 // fuzzProxy is a proxy serving connections handed to it in memory.
 type fuzzProxy struct {
 	p       *Proxy
@@ -273,7 +289,11 @@ type fuzzProxy struct {
 func newFuzzProxy(t testing.TB, noMITM bool) *fuzzProxy {
 	dir := t.TempDir()
 	al := filepath.Join(dir, "allowlist.txt")
-	if err := os.WriteFile(al, []byte("allowed.test\n*.ok.test\n"), 0o644); err != nil {
+	list := fuzzAllowlist
+	if noMITM {
+		list = "allowed.test\n*.ok.test\n" // rules on a tunnel are refused
+	}
+	if err := os.WriteFile(al, []byte(list), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	eng, err := policy.New(policy.Config{AllowlistPath: al})
@@ -434,10 +454,29 @@ func (fp *fuzzProxy) checkRequests(t *testing.T, b []byte, reqs []originReq, lin
 		if err != nil || ht.Name != name || ht.Port != r.dialed.Port() {
 			t.Fatalf("guest bytes %q: a request to %s (%s) names Host %q", b, r.dialed, name, r.host)
 		}
+		fp.checkRules(t, b, name, r)
 		key := name + ":" + strconv.Itoa(int(r.dialed.Port()))
 		if seen[key]++; seen[key] > allowed[key] {
 			t.Fatalf("guest bytes %q: the origin %s read %d requests, the proxy allowed %d:\n%s", b, key, seen[key], allowed[key], lines)
 		}
+	}
+}
+
+// checkRules: a request an origin read for a host with rules is one the
+// rules allow as the origin read it, and in the canonical form, so the
+// path the origin acts on is the path that was decided.
+func (fp *fuzzProxy) checkRules(t *testing.T, b []byte, name string, r originReq) {
+	l := fp.engine.List()
+	set := l.Rules(l.MatchNormalized(name).Rule)
+	if set == nil {
+		return
+	}
+	path, query := SplitTarget(r.target)
+	if d, _ := set.Check(r.method, path, query); !d.Allowed {
+		t.Fatalf("guest bytes %q: the origin %s read %s %s, which its rules refuse (%s)", b, name, r.method, r.target, d.Reason)
+	}
+	if c, err := reqrules.Normalize(path); err != nil || c != path {
+		t.Fatalf("guest bytes %q: the origin %s read the path %q, not the canonical form %q (%v)", b, name, path, c, err)
 	}
 }
 
@@ -463,6 +502,12 @@ var proxySeeds = []string{
 	"CONNECT a.ok.test:80 HTTP/1.1\r\n\r\nGET http:https://evil.test/ HTTP/1.1\r\nHost: a.ok.test\r\n\r\n",
 	"CONNECT a.ok.test:80 HTTP/1.1\r\n\r\nPOST http:http://evil.test/x HTTP/1.1\r\nHost: a.ok.test\r\nContent-Length: 2\r\n\r\nhi",
 	"CONNECT a.ok.test:80 HTTP/1.1\r\n\r\nGET http://a.ok.test/ HTTP/1.1\r\nHost: a.ok.test\r\n\r\nOPTIONS * HTTP/1.1\r\nHost: a.ok.test\r\n\r\n",
+	// Request rules: escapes of a rule refused, spellings canonicalised.
+	"GET http://rules.test/repos/acme/app HTTP/1.1\r\nHost: rules.test\r\n\r\nGET http://rules.test/repos/acme%2fapp/../other HTTP/1.1\r\nHost: rules.test\r\n\r\n",
+	"CONNECT rules.test:80 HTTP/1.1\r\n\r\nGET /repos/acme/x/%2e%2e/app HTTP/1.1\r\nHost: rules.test\r\n\r\nDELETE /repos/acme/app HTTP/1.1\r\nHost: rules.test\r\n\r\n",
+	"GET http://rules.test//repos/acme/./app;v=1?q=1 HTTP/1.1\r\nHost: rules.test\r\n\r\nPOST http://rules.test/repos/acme/app/pulls HTTP/1.1\r\nHost: rules.test\r\nContent-Length: 0\r\n\r\nGET http://rules.test/search?%71=x HTTP/1.1\r\nHost: rules.test\r\n\r\n",
+	"GET http://rules.test/repos/acme/..;/..;/x HTTP/1.1\r\nHost: rules.test\r\n\r\nGET http://rules.test/search?q=y HTTP/1.1\r\nHost: rules.test\r\n\r\nPUT http://allowed.test/trial/x HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 0\r\n\r\n",
+	"GET http://rules.test/ws HTTP/1.1\r\nHost: rules.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
 }
 
 func FuzzProxyH1(f *testing.F) {
@@ -480,7 +525,7 @@ func FuzzProxyH1(f *testing.F) {
 // reach their origins, the others do not.
 func TestFuzzProxyReachesOrigins(t *testing.T) {
 	fp := newFuzzProxy(t, false)
-	want := []int{1, 1, 1, 2, 0, 2, 1, 1, 0, 1, 0, 1, 1, 1, 1, 0, 0, 2}
+	want := []int{1, 1, 1, 2, 0, 2, 1, 1, 0, 1, 0, 1, 1, 1, 1, 0, 0, 2, 1, 1, 3, 1, 0}
 	for i, s := range proxySeeds {
 		c := newFuzzConn([]byte(s))
 		fp.ln.ch <- c
