@@ -123,6 +123,10 @@ type hopts struct {
 	dialer     *recordingDialer
 	upDialer   egress.Dialer // Config.Dialer, when dialer is nil (a parent proxy)
 	decisions  bool          // decision lines through a decisionlog.Writer (h.lines)
+	// sink, when set, takes the decision lines instead of h.log (a
+	// benchmark's io.Discard: a buffer growing to hundreds of MB would be
+	// measured too).
+	sink io.Writer
 	rate       float64       // Config.RequestRate (negative: no limit)
 	keyLog     string        // Config.KeyLogPath, if not logs/keys.log in a temporary directory
 	keyLogMax  int64         // Config.KeyLogMaxBytes
@@ -234,7 +238,11 @@ func newHarness(t testing.TB, o hopts) *harness {
 	}
 	if o.decisions {
 		h.kept = &syncBuffer{}
-		h.lines = decisionlog.New(decisionlog.Config{Sinks: []io.Writer{h.log}, Kept: []io.Writer{h.kept}})
+		var sink io.Writer = h.log
+		if o.sink != nil {
+			sink = o.sink
+		}
+		h.lines = decisionlog.New(decisionlog.Config{Sinks: []io.Writer{sink}, Kept: []io.Writer{h.kept}})
 		t.Cleanup(func() { h.lines.Close() })
 		cfg.Decisions = h.lines
 	}

@@ -22,6 +22,11 @@ func FuzzNormalize(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
+		if canonicalASCII(s) {
+			if c, err := normalize(s); err != nil || c != s {
+				t.Fatalf("the fast path keeps %q, the long way gives %q, %v", s, c, err)
+			}
+		}
 		c, err := Normalize(s)
 		if err != nil {
 			if !errors.Is(err, ErrNotCanonical) {

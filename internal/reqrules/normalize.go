@@ -99,6 +99,55 @@ func control(c byte) bool { return c < 0x20 || c == 0x7f }
 // be names by the same test, so that a server that decodes it before
 // routing sees more segments but never a dot segment.
 func Normalize(escaped string) (string, error) {
+	if canonicalASCII(escaped) {
+		// The common case, checked without allocating: the slow path
+		// would return the same string (TestCanonicalFastPath).
+		return escaped, nil
+	}
+	return normalize(escaped)
+}
+
+// canonicalASCII reports whether escaped is already in canonical form and
+// simple: "/" then segments of plain characters only (no escape, nothing
+// to encode), none empty but the last, none a dot segment, none whose
+// name before ";" is empty or made of dots. Normalize returns such a path
+// unchanged; anything else takes the long way.
+func canonicalASCII(escaped string) bool {
+	if escaped == "" || escaped[0] != '/' {
+		return false
+	}
+	start := 1 // of the current segment
+	for i := 1; i <= len(escaped); i++ {
+		if i < len(escaped) {
+			c := escaped[i]
+			if c != '/' {
+				if !plainInPath(c) {
+					return false
+				}
+				continue
+			}
+		}
+		seg := escaped[start:i]
+		if seg == "" {
+			if i < len(escaped) {
+				return false // "//"
+			}
+			break // a trailing slash (or the root)
+		}
+		name := seg
+		if j := strings.IndexByte(name, ';'); j >= 0 {
+			name = name[:j]
+		}
+		if strings.Trim(name, ".") == "" {
+			return false // ".", "..", "...", ";x", "..;x"
+		}
+		start = i + 1
+	}
+	return true
+}
+
+// normalize is Normalize's long way.
+func normalize(escaped string) (string, error) {
 	if escaped == "" {
 		return "/", nil
 	}
@@ -274,6 +323,13 @@ func decodeAll(s string) string {
 // Parameter order and "+" are left alone: a rule's query names pairs, which
 // are compared as a set (see Rule).
 func NormalizeQuery(raw string) (string, error) {
+	plain := true
+	for i := 0; i < len(raw) && plain; i++ {
+		plain = plainInPath(raw[i]) || raw[i] == '?'
+	}
+	if plain {
+		return raw, nil // nothing to decode or encode
+	}
 	var b strings.Builder
 	b.Grow(len(raw))
 	for i := 0; i < len(raw); i++ {

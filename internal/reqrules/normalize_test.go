@@ -263,3 +263,39 @@ func TestSetURLSendsTheDecidedForm(t *testing.T) {
 		})
 	}
 }
+
+// TestCanonicalFastPath: the paths Normalize returns unchanged without
+// the long way are exactly those the long way returns unchanged too, for
+// every path of a small alphabet up to six bytes.
+func TestCanonicalFastPath(t *testing.T) {
+	alpha := []byte{'/', 'a', '.', ';', '%', '2', 'F', 'e', ' ', '*', '\\'}
+	var walk func(prefix []byte)
+	n := 0
+	walk = func(prefix []byte) {
+		if len(prefix) > 0 {
+			p := string(prefix)
+			n++
+			if canonicalASCII(p) {
+				if c, err := normalize(p); err != nil || c != p {
+					t.Fatalf("fast path takes %q, the long way gives %q, %v", p, c, err)
+				}
+			}
+		}
+		if len(prefix) == 6 {
+			return
+		}
+		for _, c := range alpha {
+			walk(append(prefix, c))
+		}
+	}
+	walk([]byte{'/'})
+	for _, p := range []string{"/", "/a/", "/a;v=1/b", "/a/b/c", "/.a", "/a.", "/a..b", "/~x", "/a:b@c", "/;x", "/..;x", "/.../a", "/a//b"} {
+		c, err := normalize(p)
+		if fast := canonicalASCII(p); fast != (err == nil && c == p) {
+			t.Errorf("%q: fast path %v, long way %q %v", p, fast, c, err)
+		}
+	}
+	if n < 1000 {
+		t.Fatalf("only %d paths tried", n)
+	}
+}

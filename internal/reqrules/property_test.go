@@ -238,3 +238,85 @@ func TestCoversIsSound(t *testing.T) {
 		t.Errorf("only %d covering pairs: the generator says little", covered)
 	}
 }
+
+// naiveDecide is Decide as the rules read, one rule after another: the
+// reference for the indexed Decide.
+func naiveDecide(s *Set, method string, t Target) Decision {
+	methodAny, methodEnforced := false, false
+	audit := -1
+	for i, r := range s.rules {
+		if !r.allowsMethod(method) {
+			continue
+		}
+		methodAny = true
+		if !r.audit {
+			methodEnforced = true
+		}
+		if !r.Matches(method, t) {
+			continue
+		}
+		if !r.audit {
+			return Decision{Allowed: true, Rule: r.String(), Set: s.name}
+		}
+		if audit < 0 {
+			audit = i
+		}
+	}
+	if audit >= 0 {
+		reason, detail := refusal(methodEnforced, t)
+		return Decision{Allowed: true, WouldDeny: reason, Rule: s.rules[audit].String(), Set: s.name, Detail: detail}
+	}
+	reason, detail := refusal(methodAny, t)
+	return Decision{Reason: reason, Set: s.name, Detail: detail}
+}
+
+// TestIndexedDecideIsNaive: Decide, which tries a request against the
+// rules of its first segment and the rest only, decides as trying every
+// rule in order would, audit rules and reasons included.
+func TestIndexedDecideIsNaive(t *testing.T) {
+	rng := rand.New(rand.NewPCG(20, 20))
+	methods := []string{"GET", "POST", "DELETE", "PATCH", "get"}
+	rule := func() string {
+		var f []string
+		if rng.IntN(3) > 0 {
+			f = append(f, []string{"GET", "POST", "GET,POST", "DELETE"}[rng.IntN(4)])
+		}
+		if rng.IntN(4) > 0 {
+			var segs []string
+			for range rng.IntN(4) {
+				segs = append(segs, []string{"x", "y", "*", "**"}[rng.IntN(4)])
+			}
+			f = append(f, "/"+strings.Join(segs, "/"))
+		}
+		if rng.IntN(4) == 0 {
+			f = append(f, "audit")
+		}
+		return strings.Join(f, " ")
+	}
+	paths := []string{"/", "/x", "/y", "/x/y", "/y/x/x", "/z", "/x/", "/a%2Fb/x", "/..;/x", "/x/y/z/x"}
+	decided := map[bool]int{}
+	for range 3000 {
+		var rs []Rule
+		for range 1 + rng.IntN(8) {
+			if r, err := ParseRule(rule()); err == nil {
+				rs = append(rs, r)
+			}
+		}
+		s := NewSet("h", rs)
+		if s == nil {
+			continue
+		}
+		for range 10 {
+			m, p := methods[rng.IntN(len(methods))], paths[rng.IntN(len(paths))]
+			tg := NewTarget(p, "", false)
+			got, want := s.Decide(m, tg), naiveDecide(s, m, tg)
+			if got != want {
+				t.Fatalf("rules %s: %s %s decides %+v, one rule after another %+v", s, m, p, got, want)
+			}
+			decided[got.Allowed]++
+		}
+	}
+	if decided[true] < 3000 || decided[false] < 3000 {
+		t.Errorf("decisions %v: the generator misses one side", decided)
+	}
+}

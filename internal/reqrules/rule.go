@@ -52,6 +52,11 @@ type Rule struct {
 	path string
 	// segs is path split on "/" after the leading one; nil when path is "".
 	segs []string
+	// fixed counts the segments of segs that are not "**", and open says
+	// whether one is: a path of fewer segments than fixed (or, without
+	// "**", of another number) cannot match, which is checked first.
+	fixed int
+	open  bool
 	// query holds the pairs a request's query must consist of, sorted and
 	// distinct; nil means the query is not looked at.
 	query []string
@@ -167,6 +172,13 @@ func (r *Rule) parsePattern(p string) error {
 		return fmt.Errorf("%q: an encoded slash in a pattern; a segment holding one matches only **", p)
 	}
 	r.path, r.segs = path, segs
+	for _, sg := range segs {
+		if sg == "**" {
+			r.open = true
+		} else {
+			r.fixed++
+		}
+	}
 	if !hasQuery {
 		return nil
 	}
@@ -242,21 +254,27 @@ func (r Rule) Equal(o Rule) bool {
 }
 
 func (r Rule) allowsMethod(m string) bool {
-	return r.methods == 0 || r.methods&methodBit(m) != 0
+	return r.allowsBit(methodBit(m))
+}
+
+// allowsBit is allowsMethod for a method's bit (methodBit), found once per
+// request rather than once per rule.
+func (r *Rule) allowsBit(b methodSet) bool {
+	return r.methods == 0 || r.methods&b != 0
 }
 
 // Matches reports whether r allows method on t, audit or not. A rule with
 // a pattern matches only a target whose path is canonical, and with a
 // query only a target whose query is canonical.
 func (r Rule) Matches(method string, t Target) bool {
-	return r.allowsMethod(method) && r.matchesTarget(t)
+	return r.allowsMethod(method) && r.matchesTarget(&t)
 }
 
-func (r Rule) matchesTarget(t Target) bool {
+func (r *Rule) matchesTarget(t *Target) bool {
 	if r.path == "" {
 		return true
 	}
-	if t.PathErr != nil || !matchSegments(r.segs, t.split) {
+	if t.PathErr != nil || len(t.split) < r.fixed || !r.open && len(t.split) != r.fixed || !matchSegments(r.segs, t.split) {
 		return false
 	}
 	if r.query == nil {
@@ -312,12 +330,11 @@ func matchSegments(p, s []string) bool {
 }
 
 func oneSegment(p, s string) bool {
-	if strings.Contains(s, "%2F") {
-		return false
-	}
 	if p == "*" {
-		return s != ""
+		return s != "" && !strings.Contains(s, "%2F")
 	}
+	// A literal never holds "%2F" (ParseRule refuses it), so equality
+	// alone keeps a segment with an encoded slash for "**".
 	return p == s
 }
 

@@ -97,6 +97,18 @@ type Decision struct {
 type Set struct {
 	name  string
 	rules []Rule
+	// texts[i] is rules[i].String(), made once: a decision names its rule.
+	texts []string
+	// byFirst indexes the rules whose pattern starts with a literal
+	// segment by it, rest holds the others (no pattern, or "*" or "**"
+	// first), each in rule order: a request is tried against its first
+	// segment's rules and the rest only.
+	byFirst map[string][]int
+	rest    []int
+	// Which methods some rule (enforced: some rule not audit) names; all
+	// (allEnforced): a rule names none, so takes every method.
+	named, namedEnforced methodSet
+	all, allEnforced     bool
 	// queryRules: some rule looks at the query, so the query is
 	// canonicalised before it is matched and sent.
 	queryRules bool
@@ -117,7 +129,23 @@ func NewSet(name string, rules []Rule) *Set {
 		if r.query != nil {
 			s.queryRules = true
 		}
+		i := len(s.rules)
 		s.rules = append(s.rules, r)
+		s.texts = append(s.texts, r.String())
+		if r.path != "" && r.segs[0] != "*" && r.segs[0] != "**" {
+			if s.byFirst == nil {
+				s.byFirst = map[string][]int{}
+			}
+			s.byFirst[r.segs[0]] = append(s.byFirst[r.segs[0]], i)
+		} else {
+			s.rest = append(s.rest, i)
+		}
+		s.named |= r.methods
+		s.all = s.all || r.methods == 0
+		if !r.audit {
+			s.namedEnforced |= r.methods
+			s.allEnforced = s.allEnforced || r.methods == 0
+		}
 	}
 	return s
 }
@@ -174,32 +202,37 @@ func (s *Set) Decide(method string, t Target) Decision {
 	}
 	// Audit rules allow, so the refusal of a request none allows counts
 	// them; what the set "would deny" with is decided by the others.
-	methodAny, methodEnforced := false, false
-	var audit *Rule
-	for i := range s.rules {
+	mb := methodBit(method)
+	audit := -1 // the first audit rule that matches
+	var first []int
+	if t.split != nil {
+		first = s.byFirst[t.split[0]]
+	}
+	// Both lists are in rule order: merged, the first rule that allows
+	// is the first of the set's that does.
+	for a, b := 0, 0; a < len(first) || b < len(s.rest); {
+		var i int
+		if b == len(s.rest) || a < len(first) && first[a] < s.rest[b] {
+			i, a = first[a], a+1
+		} else {
+			i, b = s.rest[b], b+1
+		}
 		r := &s.rules[i]
-		if !r.allowsMethod(method) {
-			continue
-		}
-		methodAny = true
-		if !r.audit {
-			methodEnforced = true
-		}
-		if !r.matchesTarget(t) {
+		if !r.allowsBit(mb) || !r.matchesTarget(&t) {
 			continue
 		}
 		if !r.audit {
-			return Decision{Allowed: true, Rule: r.String(), Set: s.name}
+			return Decision{Allowed: true, Rule: s.texts[i], Set: s.name}
 		}
-		if audit == nil {
-			audit = r
+		if audit < 0 {
+			audit = i
 		}
 	}
-	if audit != nil {
-		reason, detail := refusal(methodEnforced, t)
-		return Decision{Allowed: true, WouldDeny: reason, Rule: audit.String(), Set: s.name, Detail: detail}
+	if audit >= 0 {
+		reason, detail := refusal(s.allEnforced || s.namedEnforced&mb != 0, t)
+		return Decision{Allowed: true, WouldDeny: reason, Rule: s.texts[audit], Set: s.name, Detail: detail}
 	}
-	reason, detail := refusal(methodAny, t)
+	reason, detail := refusal(s.all || s.named&mb != 0, t)
 	return Decision{Reason: reason, Set: s.name, Detail: detail}
 }
 
