@@ -126,10 +126,10 @@ type hopts struct {
 	// sink, when set, takes the decision lines instead of h.log (a
 	// benchmark's io.Discard: a buffer growing to hundreds of MB would be
 	// measured too).
-	sink io.Writer
-	rate       float64       // Config.RequestRate (negative: no limit)
-	keyLog     string        // Config.KeyLogPath, if not logs/keys.log in a temporary directory
-	keyLogMax  int64         // Config.KeyLogMaxBytes
+	sink      io.Writer
+	rate      float64 // Config.RequestRate (negative: no limit)
+	keyLog    string  // Config.KeyLogPath, if not logs/keys.log in a temporary directory
+	keyLogMax int64   // Config.KeyLogMaxBytes
 	// wrapListener, when set, wraps the proxy's listener (its accepted
 	// connections are the guest's).
 	wrapListener func(net.Listener) net.Listener
