@@ -508,3 +508,49 @@ func TestRulesDecideOneList(t *testing.T) {
 		t.Fatalf("decideName: %v %v", ad, rules)
 	}
 }
+
+// TestRulesChangeAppliesToTheNextRequest: a reload that narrows the rules
+// decides the next request of a connection opened before it, HTTP/1.1
+// keep-alive and HTTP/2 alike.
+func TestRulesChangeAppliesToTheNextRequest(t *testing.T) {
+	h := newRulesHarness(t, hopts{})
+	o := &targetOrigin{}
+	srv := newHTTPSOrigin(t, o)
+	pt := port(t, srv)
+	h.allowOrigin("origin.test", srv, pt)
+	auth := "origin.test:" + pt
+	cc := h.h2Raw(t, auth)
+	tc := tls.Client(h.connect(t, auth), &tls.Config{RootCAs: h.proxyCA, ServerName: "origin.test", NextProtos: []string{"http/1.1"}})
+	defer tc.Close()
+	br := bufio.NewReader(tc)
+	statuses := func() (h1, h2 int) {
+		t.Helper()
+		tc.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(tc, "GET /repos/acme/app HTTP/1.1\r\nHost: %s\r\n\r\n", auth)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		r2, err := cc.RoundTrip(rawPathRequest("GET", auth, "/repos/acme/app"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, r2.Body)
+		r2.Body.Close()
+		return resp.StatusCode, r2.StatusCode
+	}
+	if a, b := statuses(); a != 200 || b != 200 {
+		t.Fatalf("before the change: %d %d, want 200 200", a, b)
+	}
+	if err := os.WriteFile(h.engine.Path(), []byte("origin.test GET /repos/acme/other/**\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.engine.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := statuses(); a != 403 || b != 403 {
+		t.Fatalf("after the change: %d %d, want 403 403", a, b)
+	}
+}
