@@ -45,8 +45,11 @@ checked.
 
 HTTPS is intercepted with the instance CA (created on first use in --ca-dir;
 the guest must trust ca.crt): the TLS server name and every inner request's
-Host must match the CONNECT host. --mitm-exception HOST and --no-mitm tunnel
-bytes instead, after checking the ClientHello's server name.
+Host must match the CONNECT host, and a host whose allowlist entry has request
+rules (NAME [METHOD,...] [PATTERN]) has every request decided by them.
+--mitm-exception HOST and --no-mitm tunnel bytes instead, after checking the
+ClientHello's server name; an entry with rules on such a host is refused at
+start and on reload, since its requests could not be read.
 
 One JSON line per request or tunnel goes to stderr (or --log-file) and to
 ` + "`abox http logs NAME`" + `; the TLS key log is switched with the local API.`,
