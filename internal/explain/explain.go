@@ -224,7 +224,7 @@ func request(step *Step, set *reqrules.Set, m policy.Mode, method, target string
 	if i := strings.IndexByte(target, '#'); i >= 0 {
 		target = target[:i]
 	}
-	d, tg := httpfilter.CheckRequest(set, m == policy.Passive, method, target)
+	d, tg := httpfilter.CheckRequest(set, m, method, target)
 	rq.Decision = &d
 	if d.Allowed {
 		rq.Path, rq.Query = tg.Path, tg.Query

@@ -81,7 +81,7 @@ func (p *Proxy) decide(ctx context.Context, t egress.Target, pinned *egress.Chec
 		}
 		d = decision{verdict: allowlist.Allow, reason: policy.ReasonPassive}
 	} else {
-		ad, rules, passive := p.decideName(t.Name)
+		ad, rules, mode := p.decideName(t.Name)
 		if ad.Verdict != allowlist.Allow {
 			d := block(http.StatusForbidden, ad.Reason)
 			d.rule = ad.Rule
@@ -89,7 +89,7 @@ func (p *Proxy) decide(ctx context.Context, t egress.Target, pinned *egress.Chec
 		}
 		d = decision{verdict: allowlist.Allow, reason: ad.Reason, rule: ad.Rule, rules: rules}
 		if rules != nil && rq != nil {
-			d.req, d.target = CheckRequest(rules, passive, rq.method, rq.target)
+			d.req, d.target = CheckRequest(rules, mode, rq.method, rq.target)
 			if !d.req.Allowed {
 				rd := block(http.StatusForbidden, d.req.Reason)
 				rd.rule, rd.rules, rd.req = ad.Rule, rules, d.req
@@ -129,16 +129,16 @@ func (p *Proxy) decide(ctx context.Context, t egress.Target, pinned *egress.Chec
 // decideName is the name decision with the rule set of the entry that
 // took it, both from one list: a reload between the two would pair a name
 // with another list's rules (an entry just removed has none: everything).
-func (p *Proxy) decideName(n string) (ad allowlist.Decision, rules *reqrules.Set, passive bool) {
+func (p *Proxy) decideName(n string) (ad allowlist.Decision, rules *reqrules.Set, mode policy.Mode) {
 	for {
 		l := p.cfg.Policy.List()
 		ad = p.cfg.Policy.DecideNormalized(n)
-		passive = p.cfg.Policy.Mode() == policy.Passive
+		mode = p.cfg.Policy.Mode()
 		if p.cfg.Policy.List() == l {
 			if ad.Verdict == allowlist.Allow && ad.Rule != "" {
 				rules = l.Rules(ad.Rule)
 			}
-			return ad, rules, passive
+			return ad, rules, mode
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/egress"
+	"github.com/abox-dev/abox/internal/policy"
 	"github.com/abox-dev/abox/internal/reqrules"
 )
 
@@ -35,13 +36,15 @@ func SplitTarget(requestTarget string) (escapedPath, rawQuery string) {
 // request-target as the guest sent it (see SplitTarget). The proxy calls it
 // for every plain request, inner HTTP/1.1 request, HTTP/2 stream and
 // WebSocket upgrade, and abox explain for its answer, so the two cannot
-// disagree. In passive mode a refusal is logged as would_deny and allowed,
-// as a name the list refuses is: passive mode enforces nothing. The Target
-// is what goes upstream.
-func CheckRequest(set *reqrules.Set, passive bool, method, requestTarget string) (reqrules.Decision, reqrules.Target) {
+// disagree. In a mode that enforces no rules (passive, learn:
+// policy.Mode.EnforcesRules) a refusal is allowed and logged as
+// would_deny, as those modes allow a name the list refuses: a listed host
+// is held to no more than an unlisted one. The Target is what goes
+// upstream.
+func CheckRequest(set *reqrules.Set, mode policy.Mode, method, requestTarget string) (reqrules.Decision, reqrules.Target) {
 	path, query := SplitTarget(requestTarget)
 	d, t := set.Check(method, path, query)
-	if passive && !d.Allowed {
+	if !mode.EnforcesRules() && !d.Allowed {
 		d.Allowed, d.WouldDeny, d.Reason = true, d.Reason, ""
 	}
 	return d, t

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/abox-dev/abox/internal/policy"
 )
 
 // benchRules is a rule set of 100 rules on one host, the request's rule
@@ -155,7 +157,7 @@ func BenchmarkCheckRequest(b *testing.B) {
 	_, set, _ := h.p.decideName("rules.test")
 	b.ReportAllocs()
 	for b.Loop() {
-		if d, _ := CheckRequest(set, false, "GET", "/bench"); !d.Allowed {
+		if d, _ := CheckRequest(set, policy.Active, "GET", "/bench"); !d.Allowed {
 			b.Fatal(d.Reason)
 		}
 	}

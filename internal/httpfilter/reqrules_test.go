@@ -379,24 +379,36 @@ func TestRulesWebSocket(t *testing.T) {
 	}
 }
 
-// TestRulesPassiveAudits: in passive mode a rule refusal is allowed and
-// logged would_deny, as passive mode does for names.
+// TestRulesPassiveAudits: in passive and learn mode a rule refusal is
+// allowed and logged would_deny, as those modes do for names; active mode
+// refuses it.
 func TestRulesPassiveAudits(t *testing.T) {
-	h := newRulesHarness(t, hopts{passive: true})
-	o := &targetOrigin{}
-	srv := newHTTPOrigin(t, o)
-	pt := port(t, srv)
-	h.allowOrigin("origin.test", srv, pt)
-	resp, body := h.rawRequest(t, "DELETE http://origin.test:"+pt+"/repos/acme/app HTTP/1.1\r\nHost: origin.test\r\n\r\n")
-	if resp.StatusCode != 200 {
-		t.Fatalf("passive DELETE: %d %q", resp.StatusCode, body)
-	}
-	l := h.waitLine(t, "would_deny", reqrules.ReasonMethodNotAllowed)
-	if l["verdict"] != "allow" || l["rule_set"] != "origin.test" {
-		t.Errorf("line %v", l)
-	}
-	if got := o.take(); len(got) != 1 || got[0] != "/repos/acme/app" {
-		t.Errorf("origin read %q", got)
+	for _, m := range []policy.Mode{policy.Passive, policy.Learn, policy.Active} {
+		t.Run(string(m), func(t *testing.T) {
+			h := newRulesHarness(t, hopts{})
+			h.engine.SetMode(m)
+			o := &targetOrigin{}
+			srv := newHTTPOrigin(t, o)
+			pt := port(t, srv)
+			h.allowOrigin("origin.test", srv, pt)
+			resp, body := h.rawRequest(t, "DELETE http://origin.test:"+pt+"/repos/acme/app HTTP/1.1\r\nHost: origin.test\r\n\r\n")
+			if m == policy.Active {
+				if resp.StatusCode != 403 || len(o.take()) != 0 {
+					t.Fatalf("active DELETE: %d %q, want 403 before the origin", resp.StatusCode, body)
+				}
+				return
+			}
+			if resp.StatusCode != 200 {
+				t.Fatalf("%s DELETE: %d %q", m, resp.StatusCode, body)
+			}
+			l := h.waitLine(t, "would_deny", reqrules.ReasonMethodNotAllowed)
+			if l["verdict"] != "allow" || l["rule_set"] != "origin.test" {
+				t.Errorf("line %v", l)
+			}
+			if got := o.take(); len(got) != 1 || got[0] != "/repos/acme/app" {
+				t.Errorf("origin read %q", got)
+			}
+		})
 	}
 }
 
