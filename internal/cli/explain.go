@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -106,11 +105,14 @@ func (e *env) explainPolicy(ctx context.Context, name string) (explain.Policy, e
 		var mode policy.Mode
 		if mode, err = c.Mode(ctx); err == nil {
 			p.Mode, p.Source = mode, "the running filters"
-			if p.List, err = listOf(entries.Entries); err != nil {
-				return p, err
+			// lines carries every rule; filters older than rules send
+			// names only, which are then the whole list.
+			lines := entries.Lines
+			if lines == nil {
+				lines = entries.Entries
 			}
-			p.List = withFileRules(p.List, l.Instance(name).Allowlist)
-			return p, nil
+			p.List, err = listOf(lines)
+			return p, err
 		}
 	}
 	if !errors.Is(err, api.ErrNotRunning) {
@@ -150,33 +152,6 @@ func listOf(entries []string) (*allowlist.List, error) {
 		lines = append(lines, ln)
 	}
 	return allowlist.NewLines(lines)
-}
-
-// withFileRules returns the allowlist file's list in place of live, which
-// the filters reported by names only, when the file lists the same names:
-// its request rules are then those in force. Otherwise live as it is.
-func withFileRules(live *allowlist.List, path string) *allowlist.List {
-	if len(live.Restricted()) > 0 {
-		return live
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return live
-	}
-	defer f.Close()
-	file, err := allowlist.Parse(f, path)
-	if err != nil || len(file.Restricted()) == 0 || !slices.Equal(names(file), names(live)) {
-		return live
-	}
-	return file
-}
-
-func names(l *allowlist.List) []string {
-	var out []string
-	for _, e := range l.Entries() {
-		out = append(out, e.String())
-	}
-	return out
 }
 
 func renderExplain(e *env, name string, r explain.Result) {

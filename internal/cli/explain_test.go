@@ -122,3 +122,22 @@ func TestExplainCommandRequestRules(t *testing.T) {
 		t.Errorf("lower-case method = %v", err)
 	}
 }
+
+// TestExplainCommandLiveRules: with the filters running, explain decides
+// by the rules in force, which the API reports line by line.
+func TestExplainCommandLiveRules(t *testing.T) {
+	run, eng := controlRig(t)
+	root := filepath.Dir(filepath.Dir(filepath.Dir(eng.Path())))
+	saveState(t, root, instance.State{Name: "dev", Gateway: netip.MustParseAddr("10.10.9.1"), Ports: []uint16{443}})
+	if _, err := eng.Add("api.example.org GET,HEAD /**"); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := run("explain", "dev", "DELETE", "https://api.example.org/v1/x")
+	var ce exitCodeError
+	if !errors.As(err, &ce) || ce.code != exitBlocked || !strings.Contains(out, "method_not_allowed") || !strings.Contains(out, "running filters") {
+		t.Fatalf("live DELETE = %v\n%s", err, out)
+	}
+	if out, _, err := run("explain", "dev", "https://api.example.org/v1/x"); err != nil || !strings.Contains(out, "GET allowed by api.example.org's rule \"GET,HEAD /**\"") {
+		t.Fatalf("live GET = %v\n%s", err, out)
+	}
+}
