@@ -27,6 +27,12 @@ func TestDecisionLineMatchesSlog(t *testing.T) {
 		{start: start, kind: "inner", client: "c", method: "G\"E\\T", host: "h\x00\x1f\x7f", port: 8443,
 			path: "/\xff\xfe%2e\n\r\t<>&", status: 403, verdict: allowlist.Block, reason: "domain_fronting",
 			connect: "a.test:443", asked: "b.test:443", err: errors.New("dial: \"quoted\" \u00e9 \xc3")},
+		{start: start, kind: "inner", client: "c", method: "DELETE", host: "api.github.com", port: 443, path: "/repos/a/b",
+			status: 403, verdict: allowlist.Block, reason: "method_not_allowed", rule: "api.github.com", ruleSet: "api.github.com",
+			denialID: "5b0e9c1f2a77", connect: "api.github.com:443"},
+		{start: start, kind: "http", method: "PUT", host: "h.test", port: 80, path: "/t/..;x", status: 200, verdict: allowlist.Allow,
+			reason: "allowlisted", rule: "*.h.test", ruleSet: "*.h.test", reqRule: "PUT /t/** audit", wouldDeny: "path_not_canonical",
+			detail: "\"/t/..;x\": the segment \"..;x\" is a dot segment \u2028"},
 		{start: time.Now(), kind: "http"},
 	}
 	for i, r := range recs {
