@@ -79,7 +79,7 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 	case d.healthcheck:
 		// Answered here in every mode, TLS included: nothing leaves the host.
 		rec.mode = "healthcheck"
-		p.intercept(ctx, client, t, nil, rec)
+		p.intercept(ctx, client, t, nil, rec, nil)
 	case p.tunnelled.Has(t) && d.rules == nil:
 		// A host with request rules is always intercepted: a tunnel
 		// would carry requests no rule saw (Tunnelled.Check keeps such a
@@ -90,7 +90,7 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 	default:
 		rec.mode = "mitm"
 		p.stats.intercepted.Add(1)
-		p.intercept(ctx, client, t, d.checked, rec)
+		p.intercept(ctx, client, t, d.checked, rec, use)
 	}
 	if use.revoked.Load() {
 		rec.verdict, rec.reason = allowlist.Block, ReasonRevoked
@@ -234,8 +234,9 @@ func (p *Proxy) tunnel(ctx context.Context, client net.Conn, checked *egress.Che
 // intercept terminates the guest's TLS with a leaf from the instance CA and
 // serves the inner requests, each decided again by serveInner against the
 // addresses the CONNECT checked. Bytes that are not TLS are served as plain
-// HTTP under the same rules.
-func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target, checked *egress.Checked, rec *record) {
+// HTTP under the same rules. use holds the tunnel (nil for the
+// healthcheck): an inner WebSocket upgrade is recorded on it.
+func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target, checked *egress.Checked, rec *record, use *liveUse) {
 	client.SetReadDeadline(time.Now().Add(p.cfg.HandshakeTimeout))
 	var first [1]byte
 	if _, err := io.ReadFull(client, first[:]); err != nil {
@@ -243,7 +244,7 @@ func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target,
 		return
 	}
 	client = withPrefix(client, first[:])
-	sc := &scope{connect: t, authority: t.Authority(), checked: checked, scheme: "https", defaultPort: 443}
+	sc := &scope{connect: t, authority: t.Authority(), checked: checked, scheme: "https", defaultPort: 443, use: use}
 	if first[0] != 0x16 { // not a TLS handshake record
 		client.SetReadDeadline(time.Time{})
 		sc.scheme, sc.defaultPort = "http", 80

@@ -29,6 +29,10 @@ type scope struct {
 	scheme      string          // https for intercepted TLS, http for plain bytes in a tunnel
 	defaultPort uint16
 	sni         string
+	// use holds the tunnel (nil for the healthcheck's); an inner
+	// WebSocket upgrade decided by rules is recorded on it, so that rules
+	// that no longer allow it close the tunnel it took over.
+	use *liveUse
 }
 
 type scopeKey struct{}
@@ -208,10 +212,23 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 	var use *liveUse
 	if c, ok := ctx.Value(connKey{}).(net.Conn); ok {
 		use = &st.use
+		if d.rules != nil {
+			use.rq = &request{method: r.Method, target: r.RequestURI}
+		}
 		p.holdAs(use, t)
 		defer p.unhold(use)
 		if !use.attach(c) {
 			// The policy changed while this request was being decided.
+			p.refuse(w, rec, http.StatusForbidden, ReasonRevoked, true)
+			return
+		}
+	}
+	if sc, _ := ctx.Value(scopeKey{}).(*scope); sc != nil && sc.use != nil && d.rules != nil && cw.upgrade && r.ProtoMajor == 1 {
+		// The tunnel's HTTP/1.1 connection is the WebSocket's from now on
+		// (an upgrade refused upstream closes it): the rules that decided
+		// the upgrade keep deciding it.
+		sc.use.setRequest(&request{method: r.Method, target: r.RequestURI})
+		if !p.useAllowed(sc.use) {
 			p.refuse(w, rec, http.StatusForbidden, ReasonRevoked, true)
 			return
 		}

@@ -566,3 +566,88 @@ func TestRulesChangeAppliesToTheNextRequest(t *testing.T) {
 		t.Fatalf("after the change: %d %d, want 403 403", a, b)
 	}
 }
+
+// TestRulesRevokeUpgrades: a WebSocket opened under rules that allowed its
+// upgrade is closed, plain and inside an intercepted tunnel, once rules
+// in force refuse that upgrade request; a change that still allows it
+// leaves it open.
+func TestRulesRevokeUpgrades(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		for {
+			typ, b, err := c.Read(r.Context())
+			if err != nil {
+				return
+			}
+			c.Write(r.Context(), typ, b)
+		}
+	})
+	for _, tls_ := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", tls_), func(t *testing.T) {
+			h := newRulesHarness(t, hopts{})
+			o := newHTTPOrigin(t, mux)
+			so := newHTTPSOrigin(t, mux)
+			h.allowOrigin("origin.test", o, port(t, o))
+			h.p.ports[uint16(mustAtoi(port(t, so)))] = true
+			open := func() (net.Conn, *bufio.Reader) {
+				var c net.Conn
+				auth, target := "origin.test:"+port(t, o), "http://origin.test:"+port(t, o)+"/ws"
+				if tls_ {
+					auth, target = "origin.test:"+port(t, so), "/ws"
+					c = tls.Client(h.connect(t, auth), &tls.Config{RootCAs: h.proxyCA, ServerName: "origin.test", NextProtos: []string{"http/1.1"}})
+				} else {
+					var err error
+					if c, err = net.Dial("tcp", h.addr); err != nil {
+						t.Fatal(err)
+					}
+				}
+				t.Cleanup(func() { c.Close() })
+				fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+					"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", target, auth)
+				br := bufio.NewReader(c)
+				resp, err := http.ReadResponse(br, &http.Request{Method: "GET"})
+				if err != nil || resp.StatusCode != 101 {
+					t.Fatalf("upgrade: %v %v", resp, err)
+				}
+				return c, br
+			}
+			// alive sends a masked ping frame and reports whether the
+			// connection still answers (the origin's pong) or was closed.
+			alive := func(c net.Conn, br *bufio.Reader) bool {
+				c.SetDeadline(time.Now().Add(3 * time.Second))
+				if _, err := c.Write([]byte{0x89, 0x80, 1, 2, 3, 4}); err != nil {
+					return false
+				}
+				var pong [2]byte // 0x8A, no payload
+				_, err := io.ReadFull(br, pong[:])
+				return err == nil
+			}
+			reload := func(lines ...string) {
+				if err := os.WriteFile(h.engine.Path(), []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if err := h.engine.Reload(); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(3 * policyPoll) // the watch's pass
+			}
+			c, br := open()
+			if !alive(c, br) {
+				t.Fatal("the WebSocket does not answer")
+			}
+			reload("origin.test GET /ws", "origin.test GET /other")
+			if !alive(c, br) {
+				t.Fatal("a change that still allows the upgrade closed it")
+			}
+			reload("origin.test GET /other")
+			if alive(c, br) {
+				t.Fatal("the WebSocket outlived the rules that allowed it")
+			}
+		})
+	}
+}

@@ -32,10 +32,29 @@ type connKey struct{}
 // in passive mode or before an entry was removed would outlive the policy
 // that allowed it for as long as it kept moving bytes.
 type liveUse struct {
-	t       egress.Target
+	t egress.Target
+	// rq, when set, is the request the host's rules decided for this use
+	// (a plain exchange, or the WebSocket upgrade a tunnel carries): a
+	// policy change re-decides it as well as the name. Set before hold,
+	// or with setRequest.
+	rq      *request
 	revoked atomic.Bool
 	mu      sync.Mutex
 	c       net.Conn // nil until attach
+}
+
+// setRequest records on a use held already the request its connection now
+// carries alone.
+func (u *liveUse) setRequest(rq *request) {
+	u.mu.Lock()
+	u.rq = rq
+	u.mu.Unlock()
+}
+
+func (u *liveUse) request() *request {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.rq
 }
 
 // attach gives u the connection to close on revocation. It reports false,
@@ -84,7 +103,7 @@ func (p *Proxy) holdAs(u *liveUse, t egress.Target) {
 	}
 	p.live.m[u] = struct{}{}
 	p.live.mu.Unlock()
-	if !p.stillAllowed(t) {
+	if !p.useAllowed(u) {
 		u.revoke()
 	}
 }
@@ -104,6 +123,23 @@ func (p *Proxy) stillAllowed(t egress.Target) bool {
 		return mode == policy.Passive // literals are listed nowhere
 	}
 	return policy.Evaluate(p.cfg.Policy.List(), mode, t.Name).Verdict == allowlist.Allow
+}
+
+// useAllowed is stillAllowed for a held use, with its request, if any,
+// decided again by the rules in force (as pure as stillAllowed: nothing
+// recorded).
+func (p *Proxy) useAllowed(u *liveUse) bool {
+	if !p.stillAllowed(u.t) {
+		return false
+	}
+	rq := u.request()
+	if rq == nil || u.t.IsIP() {
+		return true
+	}
+	l, mode := p.cfg.Policy.List(), p.cfg.Policy.Mode()
+	rules := l.Rules(policy.Evaluate(l, mode, u.t.Name).Rule)
+	d, _ := CheckRequest(rules, mode, rq.method, rq.target)
+	return d.Allowed
 }
 
 // watchPolicy closes held connections, and pooled upstream connections,
@@ -138,7 +174,7 @@ func (p *Proxy) revokeStale() {
 	p.live.mu.Lock()
 	var stale []*liveUse
 	for u := range p.live.m {
-		if !p.stillAllowed(u.t) {
+		if !p.useAllowed(u) {
 			stale = append(stale, u)
 		}
 	}
