@@ -43,6 +43,9 @@ type decision struct {
 	// target the path and query to send upstream in its canonical form.
 	req    reqrules.Decision
 	target reqrules.Target
+	// list and mode are the policy the name and rules were decided with.
+	list *allowlist.List
+	mode policy.Mode
 }
 
 // request is what the request rules look at; decide takes nil for a
@@ -52,6 +55,10 @@ type request struct {
 	// target is the request-target as it was on the wire (r.RequestURI,
 	// :path on HTTP/2): the bytes decided are the guest's.
 	target string
+	// list and mode, once decided, are the policy that allowed it: a use
+	// held under the same one needs no second decision (useAllowed).
+	list *allowlist.List
+	mode policy.Mode
 }
 
 func block(status int, reason string) decision {
@@ -81,13 +88,13 @@ func (p *Proxy) decide(ctx context.Context, t egress.Target, pinned *egress.Chec
 		}
 		d = decision{verdict: allowlist.Allow, reason: policy.ReasonPassive}
 	} else {
-		ad, rules, mode := p.decideName(t.Name)
+		ad, rules, l, mode := p.decideName(t.Name)
 		if ad.Verdict != allowlist.Allow {
 			d := block(http.StatusForbidden, ad.Reason)
 			d.rule = ad.Rule
 			return d
 		}
-		d = decision{verdict: allowlist.Allow, reason: ad.Reason, rule: ad.Rule, rules: rules}
+		d = decision{verdict: allowlist.Allow, reason: ad.Reason, rule: ad.Rule, rules: rules, list: l, mode: mode}
 		if rules != nil && rq != nil {
 			d.req, d.target = CheckRequest(rules, mode, rq.method, rq.target)
 			if !d.req.Allowed {
@@ -129,16 +136,16 @@ func (p *Proxy) decide(ctx context.Context, t egress.Target, pinned *egress.Chec
 // decideName is the name decision with the rule set of the entry that
 // took it, both from one list: a reload between the two would pair a name
 // with another list's rules (an entry just removed has none: everything).
-func (p *Proxy) decideName(n string) (ad allowlist.Decision, rules *reqrules.Set, mode policy.Mode) {
+func (p *Proxy) decideName(n string) (ad allowlist.Decision, rules *reqrules.Set, l *allowlist.List, mode policy.Mode) {
 	for {
-		l := p.cfg.Policy.List()
+		l = p.cfg.Policy.List()
 		ad = p.cfg.Policy.DecideNormalized(n)
 		mode = p.cfg.Policy.Mode()
 		if p.cfg.Policy.List() == l {
 			if ad.Verdict == allowlist.Allow && ad.Rule != "" {
 				rules = l.Rules(ad.Rule)
 			}
-			return ad, rules, mode
+			return ad, rules, l, mode
 		}
 	}
 }

@@ -154,7 +154,7 @@ func processCPU() time.Duration {
 // BenchmarkCheckRequest is the decision alone: 100 rules, the match last.
 func BenchmarkCheckRequest(b *testing.B) {
 	h := newHarness(b, hopts{allow: benchRules("rules.test")})
-	_, set, _ := h.p.decideName("rules.test")
+	_, set, _, _ := h.p.decideName("rules.test")
 	b.ReportAllocs()
 	for b.Loop() {
 		if d, _ := CheckRequest(set, policy.Active, "GET", "/bench"); !d.Allowed {

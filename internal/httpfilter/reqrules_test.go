@@ -515,7 +515,7 @@ func TestRulesOnTunnelRefused(t *testing.T) {
 // one list, so an entry's rules are never paired with another list's.
 func TestRulesDecideOneList(t *testing.T) {
 	h := newRulesHarness(t, hopts{})
-	ad, rules, _ := h.p.decideName("origin.test")
+	ad, rules, _, _ := h.p.decideName("origin.test")
 	if ad.Verdict != allowlist.Allow || rules == nil || rules.Name() != "origin.test" {
 		t.Fatalf("decideName: %v %v", ad, rules)
 	}

@@ -137,6 +137,9 @@ func (p *Proxy) useAllowed(u *liveUse) bool {
 		return true
 	}
 	l, mode := p.cfg.Policy.List(), p.cfg.Policy.Mode()
+	if rq.list == l && rq.mode == mode {
+		return true // decided with the policy in force
+	}
 	rules := l.Rules(policy.Evaluate(l, mode, u.t.Name).Rule)
 	d, _ := CheckRequest(rules, mode, rq.method, rq.target)
 	return d.Allowed
