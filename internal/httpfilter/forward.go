@@ -213,7 +213,7 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 	if c, ok := ctx.Value(connKey{}).(net.Conn); ok {
 		use = &st.use
 		if d.rules != nil {
-			use.rq = &request{method: r.Method, target: r.RequestURI, list: d.list, mode: d.mode}
+			use.rq, use.ruled = request{method: r.Method, target: r.RequestURI, list: d.list, mode: d.mode}, true
 		}
 		p.holdAs(use, t)
 		defer p.unhold(use)
@@ -227,7 +227,7 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 		// The tunnel's HTTP/1.1 connection is the WebSocket's from now on
 		// (an upgrade refused upstream closes it): the rules that decided
 		// the upgrade keep deciding it.
-		sc.use.setRequest(&request{method: r.Method, target: r.RequestURI, list: d.list, mode: d.mode})
+		sc.use.setRequest(request{method: r.Method, target: r.RequestURI, list: d.list, mode: d.mode})
 		if !p.useAllowed(sc.use) {
 			p.refuse(w, rec, http.StatusForbidden, ReasonRevoked, true)
 			return

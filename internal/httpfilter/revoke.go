@@ -33,11 +33,12 @@ type connKey struct{}
 // that allowed it for as long as it kept moving bytes.
 type liveUse struct {
 	t egress.Target
-	// rq, when set, is the request the host's rules decided for this use
+	// rq, when ruled, is the request the host's rules decided for this use
 	// (a plain exchange, or the WebSocket upgrade a tunnel carries): a
 	// policy change re-decides it as well as the name. Set before hold,
-	// or with setRequest.
-	rq      *request
+	// or with setRequest. A value: a use is per request on plain HTTP.
+	rq      request
+	ruled   bool
 	revoked atomic.Bool
 	mu      sync.Mutex
 	c       net.Conn // nil until attach
@@ -45,16 +46,16 @@ type liveUse struct {
 
 // setRequest records on a use held already the request its connection now
 // carries alone.
-func (u *liveUse) setRequest(rq *request) {
+func (u *liveUse) setRequest(rq request) {
 	u.mu.Lock()
-	u.rq = rq
+	u.rq, u.ruled = rq, true
 	u.mu.Unlock()
 }
 
-func (u *liveUse) request() *request {
+func (u *liveUse) request() (request, bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return u.rq
+	return u.rq, u.ruled
 }
 
 // attach gives u the connection to close on revocation. It reports false,
@@ -132,8 +133,8 @@ func (p *Proxy) useAllowed(u *liveUse) bool {
 	if !p.stillAllowed(u.t) {
 		return false
 	}
-	rq := u.request()
-	if rq == nil || u.t.IsIP() {
+	rq, ruled := u.request()
+	if !ruled || u.t.IsIP() {
 		return true
 	}
 	l, mode := p.cfg.Policy.List(), p.cfg.Policy.Mode()
