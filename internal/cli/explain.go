@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -46,6 +47,9 @@ Exit status: 0 allowed, 3 refused, 1 on error.`,
 		Args: rangeArgs(2, 3, "an instance NAME, an optional METHOD and a TARGET"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			method, target := "", args[len(args)-1]
+			if len(args) == 2 && slices.Contains([]string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}, target) {
+				return usageError{fmt.Errorf("%q reads as a method without a TARGET: give the URL after it (abox explain %s %s https://HOST/PATH)", target, args[0], target)}
+			}
 			if len(args) == 3 {
 				method = args[1]
 				if err := explain.Method(method); err != nil {

@@ -121,6 +121,9 @@ func TestExplainCommandRequestRules(t *testing.T) {
 	if _, err := runCLI(l, "explain", "off", "post", "https://api.github.com/"); err == nil || !strings.Contains(err.Error(), "write POST") {
 		t.Errorf("lower-case method = %v", err)
 	}
+	if _, err := runCLI(l, "explain", "off", "POST"); err == nil || !strings.Contains(err.Error(), "give the URL after it") {
+		t.Errorf("a method without a target = %v", err)
+	}
 }
 
 // TestExplainCommandLiveRules: with the filters running, explain decides
