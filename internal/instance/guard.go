@@ -29,8 +29,9 @@ type Guard struct {
 	Firewall interface {
 		Check(ctx context.Context, b hostfw.Bridge) (hostfw.Status, error)
 		Ensure(ctx context.Context, b hostfw.Bridge) error
-		// CheckNWFilter reports the kernel rules of the binding on tap.
-		CheckNWFilter(ctx context.Context, tap string) (hostfw.Status, error)
+		// NWFilterPresent reports the kernel rules of the binding on
+		// tap that are gone.
+		NWFilterPresent(ctx context.Context, tap string) (hostfw.Status, error)
 	}
 	// Ports checks and repairs the guest's tap: a port of the bridge, and
 	// inert should it ever leave it (a network restart leaves it out:
@@ -206,7 +207,7 @@ func (g Guard) nwfilterRules(ctx context.Context) error {
 	return nil
 }
 
-// checkNWFilter is Firewall.CheckNWFilter tried three times: a listing
+// checkNWFilter is Firewall.NWFilterPresent tried three times: a listing
 // that fails says nothing about the rules.
 func (g Guard) checkNWFilter(ctx context.Context, tap string, settle time.Duration) (hostfw.Status, error) {
 	var err error
@@ -217,7 +218,7 @@ func (g Guard) checkNWFilter(ctx context.Context, tap string, settle time.Durati
 			}
 		}
 		var st hostfw.Status
-		if st, err = g.Firewall.CheckNWFilter(ctx, tap); err == nil {
+		if st, err = g.Firewall.NWFilterPresent(ctx, tap); err == nil {
 			return st, nil
 		}
 	}

@@ -244,7 +244,7 @@ type fakeFW struct {
 	onCheck    func()
 }
 
-func (f *fakeFW) CheckNWFilter(ctx context.Context, tap string) (hostfw.Status, error) {
+func (f *fakeFW) NWFilterPresent(ctx context.Context, tap string) (hostfw.Status, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.checkFails > 0 {
