@@ -2,7 +2,6 @@ package doctor
 
 import (
 	"context"
-	"encoding/xml"
 	"errors"
 	"fmt"
 	"net"
@@ -128,7 +127,7 @@ func nwfilterChecks(ctx context.Context, in Instance, running bool, r *Report) {
 	switch {
 	case err != nil:
 		r.add(Check{Layer: "nwfilter", Name: "filter defined", Status: Fail, Detail: err.Error(), Fix: fix})
-	case in.Filter != nil && !sameRules(nf, in.Filter):
+	case in.Filter != nil && !libvirt.SameNWFilterRules(nf, in.Filter):
 		r.add(Check{Layer: "nwfilter", Name: "filter defined", Status: Fail,
 			Detail: fmt.Sprintf("%s holds %d rules that differ from abox's policy (%d rules): edited outside abox", want, len(nf.Entries), len(in.Filter.Entries)), Fix: fix})
 	default:
@@ -223,21 +222,6 @@ func nwfilterRules(ctx context.Context, in Instance, devs []string) Check {
 	c.Status = Pass
 	c.Detail = "ebtables libvirt-I-/libvirt-O-, iptables and ip6tables FI-/FO-/HI- chains of " + strings.Join(devs, ", ") + " jumped to, ending in DROP"
 	return c
-}
-
-// sameRules compares the rules of two filters as libvirt would apply them.
-func sameRules(got, want *libvirtxml.NWFilter) bool {
-	if len(got.Entries) != len(want.Entries) {
-		return false
-	}
-	for i := range got.Entries {
-		a, err1 := xml.Marshal(got.Entries[i])
-		b, err2 := xml.Marshal(want.Entries[i])
-		if err1 != nil || err2 != nil || string(a) != string(b) {
-			return false
-		}
-	}
-	return true
 }
 
 func nicsWithout(nics []libvirt.NIC, filter string) []libvirt.NIC {

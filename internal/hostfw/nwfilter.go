@@ -40,20 +40,6 @@ func NWFilterFix(tap string) string {
 // instance's filter rule for rule (doctor compares the filter's
 // definition with abox's). The error is for failing to look at all.
 func (f *Firewall) CheckNWFilter(ctx context.Context, tap string) (Status, error) {
-	return f.checkNWFilter(ctx, tap, true)
-}
-
-// NWFilterPresent is CheckNWFilter without the judgement of the chains'
-// content: it reports the rules that are gone (a jump, a chain, a chain
-// emptied by a flush), which libvirt rebuilds from the binding, and not a
-// chain that ends otherwise than in DROP, which is what the filter's
-// definition says (an edit of it through libvirt, which rebuilding the
-// binding would only repeat; doctor compares the definition with abox's).
-func (f *Firewall) NWFilterPresent(ctx context.Context, tap string) (Status, error) {
-	return f.checkNWFilter(ctx, tap, false)
-}
-
-func (f *Firewall) checkNWFilter(ctx context.Context, tap string, content bool) (Status, error) {
 	var st Status
 	if !tapName.MatchString(tap) {
 		return st, fmt.Errorf("checking the nwfilter's rules: %q is not an interface name abox looks up", tap)
@@ -70,7 +56,7 @@ func (f *Firewall) checkNWFilter(ctx context.Context, tap string, content bool) 
 		if !slices.Contains(eb[c.builtin], c.dir+" "+tap+" -j "+c.chain) {
 			st.Problems = append(st.Problems, fmt.Sprintf("ebtables: nat %s jump to %s missing", c.builtin, c.chain))
 		}
-		st.Problems = append(st.Problems, endsInDrop("ebtables: nat chain", c.chain, eb, content)...)
+		st.Problems = append(st.Problems, endsInDrop("ebtables: nat chain", c.chain, eb)...)
 	}
 	for _, tool := range f.tools {
 		out, err := f.run.Run(ctx, tool, "-w", "10", "-t", "filter", "-S")
@@ -89,22 +75,22 @@ func (f *Firewall) checkNWFilter(ctx context.Context, tap string, content bool) 
 			if !hasRule(ipt[c.parent], c.physdev, tap, "-g", c.chain) {
 				st.Problems = append(st.Problems, fmt.Sprintf("%s: filter %s jump for %s to %s missing", tool, c.parent, tap, c.chain))
 			}
-			st.Problems = append(st.Problems, endsInDrop(tool+": filter chain", c.chain, ipt, content)...)
+			st.Problems = append(st.Problems, endsInDrop(tool+": filter chain", c.chain, ipt)...)
 		}
 	}
 	return st, nil
 }
 
-// endsInDrop is the problem with chain, if it is missing, empty or (with
-// content) its last rule is not a bare DROP.
-func endsInDrop(what, chain string, chains map[string][]string, content bool) []string {
+// endsInDrop is the problem with chain, if it is missing or its last rule
+// is not a bare DROP.
+func endsInDrop(what, chain string, chains map[string][]string) []string {
 	rules, ok := chains[chain]
 	switch {
 	case !ok:
 		return []string{fmt.Sprintf("%s %s missing", what, chain)}
 	case len(rules) == 0:
 		return []string{fmt.Sprintf("%s %s is empty", what, chain)}
-	case content && rules[len(rules)-1] != "-j DROP":
+	case rules[len(rules)-1] != "-j DROP":
 		return []string{fmt.Sprintf("%s %s does not end in DROP (last rule %q)", what, chain, rules[len(rules)-1])}
 	}
 	return nil

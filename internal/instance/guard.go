@@ -12,6 +12,7 @@ import (
 	"github.com/abox-dev/abox/internal/hostfw"
 	"github.com/abox-dev/abox/internal/libvirt"
 	"github.com/abox-dev/abox/internal/paths"
+	"libvirt.org/go/libvirtxml"
 )
 
 // Guard watches a running instance's host side: its chains (present,
@@ -29,9 +30,8 @@ type Guard struct {
 	Firewall interface {
 		Check(ctx context.Context, b hostfw.Bridge) (hostfw.Status, error)
 		Ensure(ctx context.Context, b hostfw.Bridge) error
-		// NWFilterPresent reports the kernel rules of the binding on
-		// tap that are gone.
-		NWFilterPresent(ctx context.Context, tap string) (hostfw.Status, error)
+		// CheckNWFilter reports the kernel rules of the binding on tap.
+		CheckNWFilter(ctx context.Context, tap string) (hostfw.Status, error)
 	}
 	// Ports checks and repairs the guest's tap: a port of the bridge, and
 	// inert should it ever leave it (a network restart leaves it out:
@@ -47,6 +47,7 @@ type Guard struct {
 	Hypervisor interface {
 		State(ctx context.Context, name string) (libvirt.DomainState, error)
 		DomainNICs(ctx context.Context, name string, live bool) ([]libvirt.NIC, error)
+		NWFilter(ctx context.Context, name string) (*libvirtxml.NWFilter, error)
 		RebindNWFilter(ctx context.Context, portdev string) error
 		SetLinkDown(ctx context.Context, domain, network, filter, mac string) error
 	}
@@ -125,7 +126,7 @@ func (g Guard) Once(ctx context.Context) error {
 		}
 	}
 	if err == nil {
-		if err = g.nwfilterRules(ctx); errors.As(err, new(*uncheckedError)) {
+		if err = g.nwfilterRules(ctx, st); errors.As(err, new(*uncheckedError)) {
 			return errors.Join(logErr, err)
 		}
 	}
@@ -147,8 +148,24 @@ func (g Guard) Once(ctx context.Context) error {
 // ebtables-nft fails a listing that races libvirt's own edits), which the
 // next round tries again; any other error is a binding still without its
 // rules, for which Once takes the link down.
-func (g Guard) nwfilterRules(ctx context.Context) error {
+//
+// The rules are judged only while the filter libvirt holds is abox's own
+// (what libvirt.BuildNWFilter makes of the state): a filter defined
+// otherwise through libvirt (doctor reports that) is what the binding's
+// rules then follow, and rebuilding the binding would only repeat it.
+func (g Guard) nwfilterRules(ctx context.Context, st State) error {
 	if g.Hypervisor == nil {
+		return nil
+	}
+	want, err := libvirt.BuildNWFilter(ParamsOf(g.Layout, st))
+	if err != nil {
+		return err
+	}
+	def, err := g.Hypervisor.NWFilter(ctx, libvirt.FilterName(g.Name))
+	if err != nil {
+		return &uncheckedError{fmt.Errorf("reading the nwfilter: %w", err)}
+	}
+	if !libvirt.SameNWFilterRules(def, want) {
 		return nil
 	}
 	nics, err := g.Hypervisor.DomainNICs(ctx, libvirt.DomainName(g.Name), true)
@@ -207,7 +224,7 @@ func (g Guard) nwfilterRules(ctx context.Context) error {
 	return nil
 }
 
-// checkNWFilter is Firewall.NWFilterPresent tried three times: a listing
+// checkNWFilter is Firewall.CheckNWFilter tried three times: a listing
 // that fails says nothing about the rules.
 func (g Guard) checkNWFilter(ctx context.Context, tap string, settle time.Duration) (hostfw.Status, error) {
 	var err error
@@ -218,7 +235,7 @@ func (g Guard) checkNWFilter(ctx context.Context, tap string, settle time.Durati
 			}
 		}
 		var st hostfw.Status
-		if st, err = g.Firewall.NWFilterPresent(ctx, tap); err == nil {
+		if st, err = g.Firewall.CheckNWFilter(ctx, tap); err == nil {
 			return st, nil
 		}
 	}

@@ -154,6 +154,21 @@ func TestGuardRebuildsFlushedNWFilterRules(t *testing.T) {
 		}
 		r.fw.onCheck = nil
 	})
+	t.Run("a filter defined otherwise is not judged", func(t *testing.T) {
+		// Defined open through libvirt (doctor reports the definition):
+		// the binding's rules follow it, and rebuilding repeats it.
+		saved := r.hv.filterXML[libvirt.FilterName("dev")]
+		r.hv.filterXML[libvirt.FilterName("dev")] = "<filter name='" + libvirt.FilterName("dev") + "' chain='root'><rule action='accept' direction='inout' priority='-1000'><all/></rule></filter>"
+		defer func() { r.hv.filterXML[libvirt.FilterName("dev")] = saved }()
+		r.fw.flushed = map[string]bool{"vnet7": true}
+		r.hv.calls = nil
+		if err := r.guard(io.Discard).Once(context.Background()); err != nil {
+			t.Fatalf("Once with the filter defined open = %v", err)
+		}
+		if calls := strings.Join(r.hv.callList(), " "); strings.Contains(calls, "RebindNWFilter") || strings.Contains(calls, "SetLinkDown") {
+			t.Errorf("calls %v: the guard acted on rules an open definition makes", calls)
+		}
+	})
 	t.Run("a rebuild libvirt refuses", func(t *testing.T) {
 		r.fw.flushed = map[string]bool{"vnet7": true}
 		r.hv.rebind = func(string) error { return errors.New("binding lookup failed") }

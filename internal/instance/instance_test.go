@@ -17,6 +17,7 @@ import (
 	"github.com/abox-dev/abox/internal/image"
 	"github.com/abox-dev/abox/internal/libvirt"
 	"github.com/abox-dev/abox/internal/paths"
+	"libvirt.org/go/libvirtxml"
 )
 
 // fakeHV records calls and keeps defined objects, like libvirtd would.
@@ -40,6 +41,8 @@ type fakeHV struct {
 	// when set, runs on RebindNWFilter (the fake firewall's rules back).
 	taps   map[string][]string
 	rebind func(tap string) error
+	// filterXML is each nwfilter's last definition.
+	filterXML map[string]string
 }
 
 func newFakeHV() *fakeHV {
@@ -119,7 +122,25 @@ func (h *fakeHV) DefineNWFilter(ctx context.Context, xml string) error {
 	name := xml[i+6:]
 	name = name[:strings.IndexAny(name, `'"`)]
 	h.filters[name] = true
+	if h.filterXML == nil {
+		h.filterXML = map[string]string{}
+	}
+	h.filterXML[name] = xml
 	return nil
+}
+
+func (h *fakeHV) NWFilter(ctx context.Context, name string) (*libvirtxml.NWFilter, error) {
+	if err := h.call("NWFilter"); err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	doc, ok := h.filterXML[name]
+	if !ok {
+		return nil, fmt.Errorf("reading nwfilter %s: %w", name, libvirt.ErrNotFound)
+	}
+	var nf libvirtxml.NWFilter
+	return &nf, nf.Unmarshal(doc)
 }
 func (h *fakeHV) UndefineNWFilter(ctx context.Context, name string) error {
 	if err := h.call("UndefineNWFilter"); err != nil {
@@ -244,7 +265,7 @@ type fakeFW struct {
 	onCheck    func()
 }
 
-func (f *fakeFW) NWFilterPresent(ctx context.Context, tap string) (hostfw.Status, error) {
+func (f *fakeFW) CheckNWFilter(ctx context.Context, tap string) (hostfw.Status, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.checkFails > 0 {

@@ -1,6 +1,7 @@
 package libvirt
 
 import (
+	"encoding/xml"
 	"fmt"
 	"strconv"
 
@@ -171,4 +172,20 @@ func NWFilterXML(p Params) (string, error) {
 		return "", fmt.Errorf("encoding nwfilter for %q: %w", p.Name, err)
 	}
 	return s, nil
+}
+
+// SameNWFilterRules compares the rules of two filters as libvirt would
+// apply them (the defined filter against the one BuildNWFilter makes).
+func SameNWFilterRules(got, want *libvirtxml.NWFilter) bool {
+	if len(got.Entries) != len(want.Entries) {
+		return false
+	}
+	for i := range got.Entries {
+		a, err1 := xml.Marshal(got.Entries[i])
+		b, err2 := xml.Marshal(want.Entries[i])
+		if err1 != nil || err2 != nil || string(a) != string(b) {
+			return false
+		}
+	}
+	return true
 }
