@@ -309,6 +309,7 @@ func (p *Proxy) serveInnerH2(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	p.serveInner(r.Context(), w, r)
+	finishUpload(w, r)
 }
 
 // serveInnerH1 serves an intercepted HTTP/1.x connection behind its own h1

@@ -202,7 +202,7 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 	}
 	st := &fwdState{checked: d.checked, scheme: scheme, defaultPort: defPort, rec: rec, ruled: d.rules != nil, target: d.target}
 	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = &countingBody{ReadCloser: r.Body, n: &st.sent}
+		r.Body = &countingBody{ReadCloser: relayUpload(r), n: &st.sent}
 	}
 	st.cw = countingWriter{ResponseWriter: w, rec: rec, upgrade: len(r.Header["Upgrade"]) > 0}
 	cw := &st.cw

@@ -145,6 +145,8 @@ type harness struct {
 	res     *fakeResolver
 	engine  *policy.Engine
 	proxyCA *x509.CertPool
+	// proxyCAPEM is the proxy's CA, for clients that take a file.
+	proxyCAPEM []byte
 	origin  *ca.CA
 	roots   *x509.CertPool
 	log     *syncBuffer
@@ -257,6 +259,7 @@ func newHarness(t testing.TB, o hopts) *harness {
 	}
 	h.proxyCA = x509.NewCertPool()
 	h.proxyCA.AppendCertsFromPEM(pem)
+	h.proxyCAPEM = pem
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel, h.done = cancel, make(chan error, 1)
 	go func() { h.done <- p.Serve(ctx) }()
