@@ -147,15 +147,15 @@ type harness struct {
 	proxyCA *x509.CertPool
 	// proxyCAPEM is the proxy's CA, for clients that take a file.
 	proxyCAPEM []byte
-	origin  *ca.CA
-	roots   *x509.CertPool
-	log     *syncBuffer
-	diag    *syncBuffer         // Config.Logger's lines
-	kept    *syncBuffer         // the refusal stream of lines (hopts.decisions)
-	lines   *decisionlog.Writer // set with hopts.decisions
-	keyLog  string
-	cancel  context.CancelFunc
-	done    chan error
+	origin     *ca.CA
+	roots      *x509.CertPool
+	log        *syncBuffer
+	diag       *syncBuffer         // Config.Logger's lines
+	kept       *syncBuffer         // the refusal stream of lines (hopts.decisions)
+	lines      *decisionlog.Writer // set with hopts.decisions
+	keyLog     string
+	cancel     context.CancelFunc
+	done       chan error
 }
 
 func newHarness(t testing.TB, o hopts) *harness {
