@@ -145,17 +145,15 @@ type harness struct {
 	res     *fakeResolver
 	engine  *policy.Engine
 	proxyCA *x509.CertPool
-	// proxyCAPEM is the proxy's CA, for clients that take a file.
-	proxyCAPEM []byte
-	origin     *ca.CA
-	roots      *x509.CertPool
-	log        *syncBuffer
-	diag       *syncBuffer         // Config.Logger's lines
-	kept       *syncBuffer         // the refusal stream of lines (hopts.decisions)
-	lines      *decisionlog.Writer // set with hopts.decisions
-	keyLog     string
-	cancel     context.CancelFunc
-	done       chan error
+	origin  *ca.CA
+	roots   *x509.CertPool
+	log     *syncBuffer
+	diag    *syncBuffer         // Config.Logger's lines
+	kept    *syncBuffer         // the refusal stream of lines (hopts.decisions)
+	lines   *decisionlog.Writer // set with hopts.decisions
+	keyLog  string
+	cancel  context.CancelFunc
+	done    chan error
 }
 
 func newHarness(t testing.TB, o hopts) *harness {
@@ -259,7 +257,6 @@ func newHarness(t testing.TB, o hopts) *harness {
 	}
 	h.proxyCA = x509.NewCertPool()
 	h.proxyCA.AppendCertsFromPEM(pem)
-	h.proxyCAPEM = pem
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel, h.done = cancel, make(chan error, 1)
 	go func() { h.done <- p.Serve(ctx) }()
