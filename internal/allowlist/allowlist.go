@@ -14,6 +14,7 @@ import (
 	"golang.org/x/net/idna"
 	"golang.org/x/net/publicsuffix"
 
+	"github.com/abox-dev/abox/internal/gitpush"
 	"github.com/abox-dev/abox/internal/reqrules"
 )
 
@@ -71,6 +72,9 @@ type List struct {
 	// rules is absent (everything on the host). Read-only, nil when no
 	// entry has rules.
 	rules map[string]*reqrules.Set
+	// push maps an entry's text to its push rules, as rules does; an
+	// entry without any is absent (pushes are not held).
+	push map[string]*gitpush.Set
 }
 
 // LineError is one rejected line.
@@ -140,6 +144,11 @@ func Parse(r io.Reader, source string) (*List, error) {
 			perr.Lines = append(perr.Lines, &LineError{Source: source, Line: n + 1, Err: fmt.Errorf("line longer than %d bytes", maxLineBytes)})
 		} else {
 			return nil, fmt.Errorf("reading %s: %w", source, err)
+		}
+	}
+	for _, u := range b.unlisted() {
+		if len(perr.Lines) < maxLineErrors {
+			perr.Lines = append(perr.Lines, &LineError{Source: source, Line: u.line, Err: u.err})
 		}
 	}
 	if len(perr.Lines) > 0 {

@@ -303,7 +303,9 @@ func (d *Doc) allowlistLines(items []AllowlistItem) ([]allowlist.Line, error) {
 		for _, ln := range lines {
 			name := ln.Entry.String()
 			ruled := ln.Rule != nil
-			if f, ok := firsts[name]; !ok {
+			if f, ok := firsts[name]; ln.Push != nil {
+				// A push line goes with a name listed with rules or without.
+			} else if !ok {
 				firsts[name] = first{ruled, key}
 			} else if f.ruled != ruled {
 				with, without := f.key, key

@@ -362,10 +362,13 @@ func (e *Engine) Add(raw ...string) ([]string, error) {
 	seen := map[string]bool{}
 	for _, ln := range lines {
 		key, s := ln.Entry.String(), ln.String()
-		if r, listed := ruled[key]; listed && r != (ln.Rule != nil) {
+		if r, listed := ruled[key]; ln.Push == nil && listed && r != (ln.Rule != nil) {
 			return nil, &RulesConflictError{Entry: key, Rules: cur.Rules(key).String(), Line: s, Listed: cur.Contains(ln.Entry)}
 		}
-		ruled[key] = ln.Rule != nil
+		if ln.Push == nil {
+			// A push line goes with a name listed with rules or without.
+			ruled[key] = ln.Rule != nil
+		}
 		if seen[s] || hasLine(cur, ln) {
 			continue
 		}
@@ -455,6 +458,9 @@ func hasLine(l *allowlist.List, ln allowlist.Line) bool {
 	if !l.Contains(ln.Entry) {
 		return false
 	}
+	if ln.Push != nil {
+		return slices.ContainsFunc(l.Push(ln.Entry.String()).Rules(), ln.Push.Equal)
+	}
 	if ln.Rule == nil {
 		return l.Rules(ln.Entry.String()) == nil
 	}
@@ -483,9 +489,9 @@ func (e *Engine) Remove(raw ...string) ([]string, error) {
 	var missing []string
 	for _, ln := range lines {
 		switch {
-		case ln.Rule == nil && cur.Contains(ln.Entry):
+		case ln.Bare() && cur.Contains(ln.Entry):
 			names[ln.Entry.String()] = true
-		case ln.Rule != nil && hasLine(cur, ln):
+		case !ln.Bare() && hasLine(cur, ln):
 			rules[ln.String()] = true
 		default:
 			missing = append(missing, ln.String())
