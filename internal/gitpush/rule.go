@@ -178,8 +178,9 @@ func (s *Set) String() string {
 }
 
 // Covers reports whether s allows every ref update o allows, judged rule
-// by rule (conservative: o's rule must be one of s's). A nil set holds
-// nothing, so it covers every set.
+// by rule (conservative: each of o's rules must be one of s's). A nil set
+// holds no push, allowing every one: it covers every set, and is covered
+// by none but nil.
 func (s *Set) Covers(o *Set) bool {
 	if s == nil {
 		return true

@@ -200,6 +200,9 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 		p.refuse(w, rec, d.status, d.reason, false)
 		return
 	}
+	if p.holdPush(w, r, rec, d) {
+		return
+	}
 	st := &fwdState{checked: d.checked, scheme: scheme, defaultPort: defPort, rec: rec, ruled: d.rules != nil, target: d.target}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: relayUpload(r), n: &st.sent}

@@ -1,0 +1,136 @@
+package httpfilter
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/gitpush"
+)
+
+// maxPushDrain bounds what is read and dropped of a refused push's pack
+// before answering, so that git, still sending, reads the answer instead
+// of a reset. A larger pack is cut off: the connection closes after the
+// answer (git may then report a broken pipe rather than the reason).
+const maxPushDrain = 64 << 20
+
+// holdPush holds a git push to a host with push rules (docs/gitpush.md):
+// a POST to git-receive-pack has its command section read before anything
+// goes upstream, and is refused unless every ref update it asks for is
+// allowed. It returns true when it answered r; else r goes on, its body
+// replayed whole from the first byte. serveForward calls it once the host
+// and the request rules allowed r.
+func (p *Proxy) holdPush(w http.ResponseWriter, r *http.Request, rec *record, d decision) bool {
+	set := d.list.Push(d.rule)
+	if set == nil || r.Method != http.MethodPost || !receivePack(r.RequestURI) {
+		return false
+	}
+	rec.ruleSet = set.Name()
+	enforce := d.mode.EnforcesRules()
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		// git never compresses a push (only fetch requests); a body
+		// that is would have to be decoded to be judged.
+		rec.detail = "Content-Encoding " + ce
+		if !enforce {
+			rec.wouldDeny = gitpush.ReasonEncoding
+			return false
+		}
+		p.refuse(w, rec, http.StatusForbidden, gitpush.ReasonEncoding, true)
+		return true
+	}
+	var body io.Reader = http.NoBody
+	if r.Body != nil {
+		body = r.Body
+	}
+	req, raw, err := gitpush.Read(body)
+	var pd gitpush.Decision
+	reason := gitpush.ReasonUnreadable
+	switch {
+	case errors.Is(err, gitpush.ErrRefused):
+		reason = gitpush.ReasonUnjudgeable
+	case err == nil:
+		pd = set.Check(req)
+		reason = pd.Reason
+	}
+	if err != nil {
+		rec.detail = err.Error()
+	} else {
+		rec.detail = "push " + pd.Summary()
+	}
+	if err == nil && pd.Allowed || !enforce {
+		if err != nil || !pd.Allowed {
+			rec.wouldDeny = reason
+		}
+		if r.Body != nil {
+			r.Body = replayBody{Reader: io.MultiReader(bytes.NewReader(raw), r.Body), Closer: r.Body}
+		}
+		return false
+	}
+	if !req.Answers() {
+		// A client that asked for no report takes any 200 for success.
+		p.refuse(w, rec, http.StatusForbidden, reason, true)
+		return true
+	}
+	rec.verdict, rec.reason, rec.status = allowlist.Block, reason, http.StatusOK
+	rec.denialID = newDenialID()
+	msg := pushMessage(rec.host, set, pd, err, rec.denialID)
+	h := w.Header()
+	h.Set("Content-Type", gitpush.ContentType)
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Abox-Reason", reason)
+	h.Set("X-Abox-Denial-Id", rec.denialID)
+	if r.Body != nil {
+		if n, _ := io.Copy(io.Discard, io.LimitReader(r.Body, maxPushDrain)); n == maxPushDrain {
+			h.Set("Connection", "close")
+		}
+	}
+	// A refused push is answered 200, as git's own server answers a push
+	// its hook declined: the report says what was refused, and git
+	// prints it.
+	w.WriteHeader(http.StatusOK)
+	w.Write(gitpush.Refusal(req, pd, msg, func(v gitpush.Verdict) string {
+		return v.Reason + ", abox denial id " + rec.denialID
+	}))
+	return true
+}
+
+// pushMessage is what git prints as "remote: ..." for a refused push.
+func pushMessage(host string, set *gitpush.Set, pd gitpush.Decision, err error, id string) string {
+	if err != nil {
+		return fmt.Sprintf("abox proxy: push to %s refused: %v (denial id %s)", host, err, id)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "abox proxy: push to %s refused whole by the push rules of %s (denial id %s):\n", host, set.Name(), id)
+	for _, v := range pd.Verdicts {
+		if v.Reason != gitpush.ReasonWithRefused {
+			fmt.Fprintf(&b, "  %s %s: %s\n", v.Command.Kind(), v.Command.Ref, v.Reason)
+		}
+	}
+	fmt.Fprintf(&b, "allowed: push %s", set.String())
+	return b.String()
+}
+
+// receivePack reports whether a request-target is a push's: the path,
+// decoded, names git-receive-pack. It looks anywhere in the path and
+// ignores case, so that no spelling a server might route to receive-pack
+// goes unjudged; a POST it wrongly takes for a push is refused as
+// unreadable, on a host whose pushes are held anyway.
+func receivePack(requestTarget string) bool {
+	path, _ := SplitTarget(requestTarget)
+	if d, err := url.PathUnescape(path); err == nil {
+		path = d
+	}
+	return strings.Contains(strings.ToLower(path), "git-receive-pack")
+}
+
+// replayBody sends the bytes holdPush read, then the rest, and closes the
+// guest's body.
+type replayBody struct {
+	io.Reader
+	io.Closer
+}

@@ -1,0 +1,146 @@
+package httpfilter
+
+import (
+	"net/http"
+	"net/http/cgi"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// gitHost is a stand-in code host: git's own http-backend over a bare
+// repository that takes pushes, and a work tree with one commit to push.
+type gitHost struct {
+	bare, work string
+}
+
+func newGitHost(t *testing.T) *gitHost {
+	t.Helper()
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("no git")
+	}
+	dir := t.TempDir()
+	g := &gitHost{bare: filepath.Join(dir, "srv", "app.git"), work: filepath.Join(dir, "work")}
+	g.git(t, "", "init", "-q", "--bare", "-b", "main", g.bare)
+	g.git(t, g.bare, "config", "http.receivepack", "true")
+	g.git(t, g.bare, "config", "receive.advertisePushOptions", "true")
+	g.git(t, "", "init", "-q", "-b", "main", g.work)
+	if err := os.WriteFile(filepath.Join(g.work, "f"), []byte("one\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g.git(t, g.work, "add", "f")
+	g.git(t, g.work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+	return g
+}
+
+func (g *gitHost) handler() http.Handler {
+	return &cgi.Handler{Path: "/usr/bin/git", Args: []string{"http-backend"}, Env: []string{"GIT_PROJECT_ROOT=" + filepath.Dir(g.bare), "GIT_HTTP_EXPORT_ALL=1"}}
+}
+
+func gitCommand(dir string, args ...string) *exec.Cmd {
+	c := exec.Command("git", args...)
+	c.Dir = dir
+	c.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_TERMINAL_PROMPT=0")
+	return c
+}
+
+func (g *gitHost) git(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	out, err := gitCommand(dir, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func (g *gitHost) refs(t *testing.T) string {
+	return g.git(t, g.bare, "for-each-ref", "--format=%(refname)")
+}
+
+// TestGitPushHeld: a real git client pushes through the proxy, which
+// intercepts TLS to a host with push rules, to git's http-backend: a push
+// to the agent's branch lands; a push to main, a delete, a tag, a push
+// whose one ref of three is forbidden, and a push with push options are
+// refused whole, git prints why, and the repository is unchanged; each is
+// logged with its refs. HTTP/1.1 and HTTP/2 alike.
+func TestGitPushHeld(t *testing.T) {
+	for _, version := range []string{"HTTP/1.1", "HTTP/2"} {
+		t.Run(version, func(t *testing.T) {
+			h := newHarness(t, hopts{allow: []string{"code.test", "code.test push refs/heads/agent/*"}})
+			g := newGitHost(t)
+			srv := newHTTPSOrigin(t, g.handler())
+			pt := port(t, srv)
+			h.allowOrigin("code.test", srv, pt)
+			pem, err := h.p.cfg.CA.CertPEM()
+			if err != nil {
+				t.Fatal(err)
+			}
+			caFile := filepath.Join(t.TempDir(), "ca.crt")
+			if err := os.WriteFile(caFile, pem, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			url := "https://code.test:" + pt + "/app.git"
+			push := func(args ...string) (string, error) {
+				cmd := gitCommand(g.work, append([]string{"-c", "http.proxy=http://" + h.addr, "-c", "http.version=" + version, "push", url}, args...)...)
+				cmd.Env = append(cmd.Env, "GIT_SSL_CAINFO="+caFile)
+				out, err := cmd.CombinedOutput()
+				return string(out), err
+			}
+			if out, err := push("main:refs/heads/agent/x"); err != nil {
+				t.Fatalf("push to agent/x: %v\n%s", err, out)
+			}
+			if got := g.refs(t); got != "refs/heads/agent/x\n" {
+				t.Fatalf("after the push to agent/x the repository holds %q", got)
+			}
+			line := h.waitLine(t, "detail", "push refs/heads/agent/x create")
+			if line["verdict"] != "allow" || line["rule_set"] != "code.test" {
+				t.Errorf("the allowed push's line: %v", line)
+			}
+			cases := []struct {
+				name   string
+				args   []string
+				want   []string
+				detail string
+			}{
+				{"main", []string{"main"}, []string{
+					"remote: abox proxy: push to code.test refused whole by the push rules of code.test",
+					"remote:   create refs/heads/main: push_ref_not_allowed",
+					"remote: allowed: push refs/heads/agent/*",
+					"! [remote rejected] main -> main (push_ref_not_allowed, abox denial id ",
+				}, "push refs/heads/main push_ref_not_allowed"},
+				{"delete", []string{":refs/heads/agent/x"}, []string{"! [remote rejected] agent/x (push_delete_not_allowed"}, "push refs/heads/agent/x push_delete_not_allowed"},
+				{"tag", []string{"main:refs/tags/v1"}, []string{"! [remote rejected] main -> v1 (push_ref_not_allowed"}, "push refs/tags/v1 push_ref_not_allowed"},
+				{"one of three", []string{"main:refs/heads/agent/y", "main:refs/heads/main", "main:refs/heads/agent/z"}, []string{
+					"! [remote rejected] main -> agent/y (push_refused_whole",
+					"! [remote rejected] main -> main (push_ref_not_allowed",
+					"! [remote rejected] main -> agent/z (push_refused_whole",
+				}, "push refs/heads/agent/y push_refused_whole, refs/heads/main push_ref_not_allowed, refs/heads/agent/z push_refused_whole"},
+				{"push option", []string{"-o", "merge_request.create", "main:refs/heads/agent/w"}, []string{"remote: abox proxy: push to code.test refused: git push request cannot be judged: push options"}, ""},
+			}
+			for _, c := range cases {
+				t.Run(c.name, func(t *testing.T) {
+					out, err := push(c.args...)
+					if err == nil {
+						t.Fatalf("push %v succeeded:\n%s", c.args, out)
+					}
+					for _, w := range c.want {
+						if !strings.Contains(out, w) {
+							t.Errorf("git printed:\n%s\nwant it to hold %q", out, w)
+						}
+					}
+					if c.detail != "" {
+						line := h.waitLine(t, "detail", c.detail)
+						if line["verdict"] != "block" || line["denial_id"] == nil || !strings.Contains(out, line["denial_id"].(string)) {
+							t.Errorf("refusal line %v: want a block whose denial id git printed", line)
+						}
+					}
+				})
+			}
+			if got := g.refs(t); got != "refs/heads/agent/x\n" {
+				t.Errorf("after the refused pushes the repository holds %q, want agent/x alone", got)
+			}
+		})
+	}
+}
