@@ -344,7 +344,7 @@ func (c Config) tunnelledRules(l *allowlist.List) string {
 		return fmt.Sprintf("%s has rules, but mitm.enabled is false: HTTPS is tunnelled unseen, so no rule could be checked; turn interception on or drop the rules", r[0])
 	}
 	for _, h := range c.MITMExceptions {
-		if dn := l.MatchNormalized(h); dn.Verdict == allowlist.Allow && l.Rules(dn.Rule) != nil {
+		if dn := l.MatchNormalized(h); dn.Verdict == allowlist.Allow && (l.Rules(dn.Rule) != nil || l.Push(dn.Rule) != nil) {
 			return fmt.Sprintf("%s has rules, but %s is in mitm.exceptions: it is tunnelled unseen, so no rule could be checked; drop the exception or the rules", dn.Rule, h)
 		}
 	}

@@ -80,7 +80,7 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 		// Answered here in every mode, TLS included: nothing leaves the host.
 		rec.mode = "healthcheck"
 		p.intercept(ctx, client, t, nil, rec, nil)
-	case p.tunnelled.Has(t) && d.rules == nil:
+	case p.tunnelled.Has(t) && d.rules == nil && d.list.Push(d.rule) == nil:
 		// A host with request rules is always intercepted: a tunnel
 		// would carry requests no rule saw (Tunnelled.Check keeps such a
 		// list out of force; this holds whatever list is in force).

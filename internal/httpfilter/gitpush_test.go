@@ -1,6 +1,7 @@
 package httpfilter
 
 import (
+	"errors"
 	"net/http"
 	"net/http/cgi"
 	"os"
@@ -8,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/abox-dev/abox/internal/allowlist"
 )
 
 // gitHost is a stand-in code host: git's own http-backend over a bare
@@ -142,5 +145,65 @@ func TestGitPushHeld(t *testing.T) {
 				t.Errorf("after the refused pushes the repository holds %q, want agent/x alone", got)
 			}
 		})
+	}
+}
+
+// TestPushRulesOnTunnelRefused: a host whose pushes are held cannot be
+// tunnelled unread, with --no-mitm or as an exception.
+func TestPushRulesOnTunnelRefused(t *testing.T) {
+	l, err := allowlist.Parse(strings.NewReader("code.test\ncode.test push refs/heads/agent/*\nother.test\n"), "allowlist")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name       string
+		noMITM     bool
+		exceptions []string
+		refused    bool
+	}{
+		{"no-mitm", true, nil, true},
+		{"exception", false, []string{"code.test"}, true},
+		{"exception elsewhere", false, []string{"other.test"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tun, err := NewTunnelled(c.noMITM, c.exceptions)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = tun.Check(l)
+			if (err != nil) != c.refused || err != nil && !errors.Is(err, ErrRulesOnTunnel) {
+				t.Errorf("Check: %v, want refused %v", err, c.refused)
+			}
+		})
+	}
+}
+
+// TestGitPushPassive: in passive mode a push the rules refuse lands, and
+// its line says would_deny.
+func TestGitPushPassive(t *testing.T) {
+	h := newHarness(t, hopts{passive: true, allow: []string{"code.test", "code.test push refs/heads/agent/*"}})
+	g := newGitHost(t)
+	srv := newHTTPSOrigin(t, g.handler())
+	pt := port(t, srv)
+	h.allowOrigin("code.test", srv, pt)
+	pem, err := h.p.cfg.CA.CertPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	if err := os.WriteFile(caFile, pem, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := gitCommand(g.work, "-c", "http.proxy=http://"+h.addr, "push", "https://code.test:"+pt+"/app.git", "main")
+	cmd.Env = append(cmd.Env, "GIT_SSL_CAINFO="+caFile)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("push to main in passive mode: %v\n%s", err, out)
+	}
+	if got := g.refs(t); got != "refs/heads/main\n" {
+		t.Errorf("the repository holds %q, want main", got)
+	}
+	line := h.waitLine(t, "detail", "push refs/heads/main push_ref_not_allowed")
+	if line["verdict"] != "allow" || line["would_deny"] != "push_ref_not_allowed" {
+		t.Errorf("passive push line %v: want allowed, would_deny push_ref_not_allowed", line)
 	}
 }

@@ -103,7 +103,7 @@ func (t Tunnelled) Check(l *allowlist.List) error {
 			continue // an address literal: no entry names it
 		}
 		d := l.MatchNormalized(n)
-		if d.Verdict == allowlist.Allow && l.Rules(d.Rule) != nil {
+		if d.Verdict == allowlist.Allow && (l.Rules(d.Rule) != nil || l.Push(d.Rule) != nil) {
 			errs = append(errs, fmt.Errorf("%w: %s has rules, but %s is a MITM exception, tunnelled unread: drop the rules of %s or the exception (--mitm-exception, mitm.exceptions)", ErrRulesOnTunnel, d.Rule, h, d.Rule))
 		}
 	}
