@@ -1,6 +1,7 @@
 package httpfilter
 
 import (
+	"crypto/rand"
 	"errors"
 	"net/http"
 	"net/http/cgi"
@@ -205,5 +206,48 @@ func TestGitPushPassive(t *testing.T) {
 	line := h.waitLine(t, "detail", "push refs/heads/main push_ref_not_allowed")
 	if line["verdict"] != "allow" || line["would_deny"] != "push_ref_not_allowed" {
 		t.Errorf("passive push line %v: want allowed, would_deny push_ref_not_allowed", line)
+	}
+}
+
+// TestGitPushLarge: a push larger than git's post buffer goes chunked,
+// after a probe (a flush alone); it lands on the agent's branch, and to
+// main is refused with the reason printed, not a broken pipe, its pack
+// read and dropped.
+func TestGitPushLarge(t *testing.T) {
+	h := newHarness(t, hopts{allow: []string{"code.test", "code.test push refs/heads/agent/*"}})
+	g := newGitHost(t)
+	big := make([]byte, 3<<20)
+	rand.Read(big)
+	if err := os.WriteFile(filepath.Join(g.work, "big"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g.git(t, g.work, "add", "big")
+	g.git(t, g.work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "big")
+	srv := newHTTPSOrigin(t, g.handler())
+	pt := port(t, srv)
+	h.allowOrigin("code.test", srv, pt)
+	pem, err := h.p.cfg.CA.CertPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	if err := os.WriteFile(caFile, pem, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	push := func(ref string) (string, error) {
+		cmd := gitCommand(g.work, "-c", "http.proxy=http://"+h.addr, "-c", "http.version=HTTP/1.1", "push", "https://code.test:"+pt+"/app.git", ref)
+		cmd.Env = append(cmd.Env, "GIT_SSL_CAINFO="+caFile)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := push("main")
+	if err == nil || !strings.Contains(out, "! [remote rejected] main -> main (push_ref_not_allowed") {
+		t.Errorf("large push to main: %v\n%s\nwant it rejected with the reason", err, out)
+	}
+	if out, err := push("main:refs/heads/agent/big"); err != nil {
+		t.Fatalf("large push to agent/big: %v\n%s", err, out)
+	}
+	if got := g.refs(t); got != "refs/heads/agent/big\n" {
+		t.Errorf("the repository holds %q, want agent/big alone", got)
 	}
 }
