@@ -23,6 +23,8 @@ func FuzzParse(f *testing.F) {
 		"api.github.com GET,HEAD /**\napi.github.com POST /repos/acme/app/pulls\nuploads.example.com PUT /incoming/*\n",
 		"github.com GET /*/*/info/refs?service=git-upload-pack\n*.example.org audit\n*.example.org GET /a/**/b\n",
 		"a.example.com\na.example.com GET /\nb.example.com gets /x\nc.example.com GET /a/../b\n",
+		"code.example.com\ncode.example.com push refs/heads/agent/*\ncode.example.com push refs/tags/** delete no-create\ngit.example.org GET /**\ngit.example.org push refs/heads/a\n",
+		"x.example.com push refs/heads/a\ny.example.com push main\n",
 	} {
 		f.Add([]byte(s), "x.example.org")
 	}
@@ -62,6 +64,9 @@ func FuzzParse(f *testing.F) {
 			if got, want := l3.Rules(e.String()).String(), l.Rules(e.String()).String(); got != want {
 				t.Fatalf("%q: %s's rules %q come back as %q", b, e, want, got)
 			}
+			if got, want := l3.Push(e.String()).String(), l.Push(e.String()).String(); got != want {
+				t.Fatalf("%q: %s's push rules %q come back as %q", b, e, want, got)
+			}
 		}
 		d := l.Match(q)
 		if d.Verdict != Allow {
@@ -69,6 +74,9 @@ func FuzzParse(f *testing.F) {
 		}
 		if set := l.Rules(d.Rule); set != nil && set.Name() != d.Rule {
 			t.Fatalf("%q allows %q by %q, whose rules are %q's", b, q, d.Rule, set.Name())
+		}
+		if set := l.Push(d.Rule); set != nil && set.Name() != d.Rule {
+			t.Fatalf("%q allows %q by %q, whose push rules are %q's", b, q, d.Rule, set.Name())
 		}
 		n, err := NormalizeName(q)
 		if err != nil {
