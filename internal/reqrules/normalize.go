@@ -263,7 +263,7 @@ func checkSegment(in, seg string) error {
 			return notCanonical(in, "the segment %q is a dot segment or an empty one to a server that drops ;parameters or trailing dots and spaces", seg)
 		}
 	}
-	dec := decodeAll(seg)
+	dec := PercentDecode(seg)
 	if !utf8.ValidString(dec) {
 		return notCanonical(in, "the segment %q does not decode to UTF-8 (an overlong or cut sequence)", seg)
 	}
@@ -296,20 +296,24 @@ func onlyDotsAndSpaces(s string) bool {
 	return true
 }
 
-// decodeAll decodes every escape of a string Normalize built (every "%" is
-// followed by two hex digits).
-func decodeAll(s string) string {
+// PercentDecode undoes every %XX escape of s, leaving a "%" without two
+// hex digits as it is ("+" is not a space here). It is lenient so that it
+// can read anything: Normalize's own output, or a guest's bytes searched
+// for a value (package secrets).
+func PercentDecode(s string) string {
 	if !strings.Contains(s, "%") {
 		return s
 	}
 	b := make([]byte, 0, len(s))
 	for i := 0; i < len(s); i++ {
 		if s[i] == '%' && i+2 < len(s) {
-			hi, _ := unhex(s[i+1])
-			lo, _ := unhex(s[i+2])
-			b = append(b, hi<<4|lo)
-			i += 2
-			continue
+			if hi, ok := unhex(s[i+1]); ok {
+				if lo, ok := unhex(s[i+2]); ok {
+					b = append(b, hi<<4|lo)
+					i += 2
+					continue
+				}
+			}
 		}
 		b = append(b, s[i])
 	}

@@ -257,8 +257,8 @@ func TestSetURLSendsTheDecidedForm(t *testing.T) {
 			if o[0] != wantURI || o[1] != tg.Path {
 				t.Errorf("the origin read %q (path %q), the rule decided %q", o[0], o[1], wantURI)
 			}
-			if o[2] != decodeAll(tg.Path) {
-				t.Errorf("the origin decoded %q, the rule's path decodes to %q", o[2], decodeAll(tg.Path))
+			if o[2] != PercentDecode(tg.Path) {
+				t.Errorf("the origin decoded %q, the rule's path decodes to %q", o[2], PercentDecode(tg.Path))
 			}
 		})
 	}

@@ -325,7 +325,7 @@ func (p *Policy) placeholdersIn(s string) []string {
 		return nil
 	}
 	var out []string
-	for _, form := range []string{s, percentDecode(s)} {
+	for _, form := range []string{s, reqrules.PercentDecode(s)} {
 		low := strings.ToLower(form)
 		for i := strings.Index(low, PlaceholderPrefix); i >= 0; {
 			if ph := low[i:min(i+placeholderLen, len(low))]; p.secretOf[ph] != "" && !slices.Contains(out, ph) {
@@ -343,40 +343,6 @@ func (p *Policy) placeholdersIn(s string) []string {
 
 // placeholderLen is the length of a placeholder newPlaceholder makes.
 const placeholderLen = len(PlaceholderPrefix) + 32
-
-// percentDecode undoes %XX escapes (and "+" as a space is left alone: a
-// placeholder has none), leaving malformed ones as they are.
-func percentDecode(s string) string {
-	if !strings.Contains(s, "%") {
-		return s
-	}
-	b := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		if s[i] == '%' && i+2 < len(s) {
-			if hi, ok := unhex(s[i+1]); ok {
-				if lo, ok := unhex(s[i+2]); ok {
-					b = append(b, hi<<4|lo)
-					i += 2
-					continue
-				}
-			}
-		}
-		b = append(b, s[i])
-	}
-	return string(b)
-}
-
-func unhex(c byte) (byte, bool) {
-	switch {
-	case c >= '0' && c <= '9':
-		return c - '0', true
-	case c >= 'a' && c <= 'f':
-		return c - 'a' + 10, true
-	case c >= 'A' && c <= 'F':
-		return c - 'A' + 10, true
-	}
-	return 0, false
-}
 
 // HeaderValue is the header value that sends value as in.
 func (in Injection) HeaderValue(value []byte) string {

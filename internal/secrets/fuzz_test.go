@@ -128,7 +128,7 @@ func FuzzDecide(f *testing.F) {
 		}
 		if boundHost(norm) {
 			all := sent.String() + "\n" + r.Target.Path + "\n" + r.Target.Query + "\n" + string(r.Body)
-			for _, form := range []string{all, percentDecode(all)} {
+			for _, form := range []string{all, reqrules.PercentDecode(all)} {
 				form = strings.ToLower(form)
 				for _, n := range secrets {
 					if strings.Contains(form, fx.ph[n]) {
