@@ -25,7 +25,11 @@ type fakeComp struct{ name string }
 func (f fakeComp) Name() string { return f.name }
 func (f fakeComp) Stats() any   { return map[string]int{"queries": 7} }
 
-type fakeKeyLog struct{ on bool }
+type fakeKeyLog struct{ on, secrets bool }
+
+func (k *fakeKeyLog) SetKeyLogSecretSessions(on bool) error { k.secrets = on; return nil }
+func (k *fakeKeyLog) KeyLogSecretSessions() bool            { return k.secrets }
+func (k *fakeKeyLog) KeyLogWithheld() uint64                { return 0 }
 
 func (k *fakeKeyLog) SetKeyLog(on bool) error { k.on = on; return nil }
 func (k *fakeKeyLog) KeyLogPath() string      { return "/x/keys.log" }

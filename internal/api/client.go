@@ -174,3 +174,10 @@ func (c *Client) SetKeyLog(ctx context.Context, enabled bool) (KeyLogStatus, err
 	var k KeyLogStatus
 	return k, c.do(ctx, http.MethodPut, "/v1/keylog", KeyLogStatus{Enabled: enabled}, &k)
 }
+
+// KeyLogSecretSessions opts the key log, which must be on, into the keys
+// of sessions that carried an injected secret until it is switched off.
+func (c *Client) KeyLogSecretSessions(ctx context.Context) (KeyLogStatus, error) {
+	var k KeyLogStatus
+	return k, c.do(ctx, http.MethodPut, "/v1/keylog", KeyLogStatus{Enabled: true, SecretSessions: true}, &k)
+}

@@ -37,6 +37,14 @@ type KeyLogger interface {
 	KeyLogEnabled() bool
 	// KeyLogStopped is why the key log, while on, writes no more keys.
 	KeyLogStopped() string
+	// SetKeyLogSecretSessions opts the key log, while on, into the keys
+	// of sessions that carried an injected secret; switching the log off
+	// clears it.
+	SetKeyLogSecretSessions(on bool) error
+	KeyLogSecretSessions() bool
+	// KeyLogWithheld counts the sessions left out of the key log because
+	// they carried an injected secret.
+	KeyLogWithheld() uint64
 }
 
 // Server serves the API for one instance.
@@ -203,6 +211,13 @@ type KeyLogStatus struct {
 	// Stopped, while Enabled, is why no more keys are written (the key
 	// log reached its cap, a write failed); empty otherwise.
 	Stopped string `json:"stopped,omitempty"`
+	// SecretSessions: the keys of sessions that carried an injected
+	// secret are written too. In a PUT, true opts in (with Enabled);
+	// switching the log off clears it.
+	SecretSessions bool `json:"secret_sessions,omitempty"`
+	// Withheld counts the sessions whose keys were left out because they
+	// carried an injected secret, since the filters started.
+	Withheld uint64 `json:"withheld"`
 }
 
 // ErrorBody is every error response.
@@ -454,7 +469,8 @@ func (s *Server) getKeyLog(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) keyLogStatus() KeyLogStatus {
-	return KeyLogStatus{Enabled: s.KeyLog.KeyLogEnabled(), Path: s.KeyLog.KeyLogPath(), Stopped: s.KeyLog.KeyLogStopped()}
+	return KeyLogStatus{Enabled: s.KeyLog.KeyLogEnabled(), Path: s.KeyLog.KeyLogPath(), Stopped: s.KeyLog.KeyLogStopped(),
+		SecretSessions: s.KeyLog.KeyLogSecretSessions(), Withheld: s.KeyLog.KeyLogWithheld()}
 }
 
 func (s *Server) setKeyLog(w http.ResponseWriter, r *http.Request) {
@@ -469,6 +485,12 @@ func (s *Server) setKeyLog(w http.ResponseWriter, r *http.Request) {
 	if err := s.KeyLog.SetKeyLog(b.Enabled); err != nil {
 		writeErr(w, http.StatusInternalServerError, err, "")
 		return
+	}
+	if b.Enabled && b.SecretSessions {
+		if err := s.KeyLog.SetKeyLogSecretSessions(true); err != nil {
+			writeErr(w, http.StatusInternalServerError, err, "")
+			return
+		}
 	}
 	writeJSON(w, http.StatusOK, s.keyLogStatus())
 }

@@ -20,6 +20,7 @@ import (
 func newTapCmd(e *env) *cobra.Command {
 	var o tap.Options
 	var maxMB int64
+	var secretKeys bool
 	cmd := &cobra.Command{
 		Use:   "tap NAME [-- TCPDUMP-ARGS...]",
 		Short: "Capture an instance's traffic on its bridge, with the TLS keys to decrypt it",
@@ -41,7 +42,10 @@ intercepts to logs/keys.log in the instance directory (NSS key log format,
 
 Keys are written only for sessions that start while a tap runs; tunnelled
 connections (--no-mitm, MITM exceptions) carry the origin's own TLS and
-cannot be decrypted. Needs root (tcpdump) and a started instance.`,
+cannot be decrypted. The keys of a session that carried a secret the proxy
+injected (abox secret bind) are left out, since the capture would show the
+value; the tap says how many it left out, and --keys-of-secret-sessions
+writes them too. Needs root (tcpdump) and a started instance.`,
 		Example: `  abox tap dev
   abox tap dev -o dev.pcap -c 1000
   abox tap dev -o dev.pcap --max-size 100
@@ -72,7 +76,7 @@ cannot be decrypted. Needs root (tcpdump) and a started instance.`,
 			if err := o.CheckLimits(); err != nil {
 				return usageError{err}
 			}
-			return e.runTap(cmd.Context(), name, o)
+			return e.runTap(cmd.Context(), name, o, secretKeys)
 		},
 	}
 	f := cmd.Flags()
@@ -81,6 +85,7 @@ cannot be decrypted. Needs root (tcpdump) and a started instance.`,
 	f.StringVar(&o.Filter, "filter", "", "BPF filter expression (ANDed with the SSH exclusion)")
 	f.BoolVar(&o.IncludeSSH, "include-ssh", false, "keep host-guest SSH in the capture")
 	f.Int64Var(&maxMB, "max-size", tap.DefaultMaxBytes/1000/1000, "with -o: stop before the file passes this many million bytes (0: no cap)")
+	f.BoolVar(&secretKeys, "keys-of-secret-sessions", false, "also write the TLS keys of sessions that carried an injected secret (the capture then shows its value)")
 	f.IntVar(&o.Ring, "ring", 0, "with -o: at --max-size go on in FILE0, FILE1, ... and keep the last N files, overwriting the oldest (tcpdump -C/-W)")
 	return cmd
 }
@@ -93,7 +98,7 @@ func (a apiKeyLog) SetKeyLog(ctx context.Context, on bool) (string, error) {
 	return k.Path, err
 }
 
-func (e *env) runTap(ctx context.Context, name string, o tap.Options) error {
+func (e *env) runTap(ctx context.Context, name string, o tap.Options, secretKeys bool) error {
 	if err := validate.InstanceName(name); err != nil {
 		return usageError{err}
 	}
@@ -121,6 +126,24 @@ func (e *env) runTap(ctx context.Context, name string, o tap.Options) error {
 			fmt.Fprintf(e.stderr, "warning: the filters of %s are not running, so no TLS keys are written (start it with `abox start %s`)\n", name, name)
 		} else if err != nil {
 			return fmt.Errorf("instance %s: turning the TLS key log on: %w", name, err)
+		}
+	}
+	if secretKeys && keys == nil {
+		return usageError{fmt.Errorf("--keys-of-secret-sessions: instance %s writes no TLS keys (it does not intercept, or its filters are not running)", name)}
+	}
+	var withheld0 uint64 // the proxy's count before this capture
+	if keys != nil {
+		k, err := client.KeyLog(ctx)
+		if err != nil {
+			keys.Release(context.WithoutCancel(ctx))
+			return fmt.Errorf("instance %s: reading the TLS key log's state: %w", name, err)
+		}
+		withheld0 = k.Withheld
+		if secretKeys {
+			if _, err := client.KeyLogSecretSessions(ctx); err != nil {
+				keys.Release(context.WithoutCancel(ctx))
+				return fmt.Errorf("instance %s: opting the key log into secret sessions: %w", name, err)
+			}
 		}
 	}
 	if keys != nil {
@@ -152,6 +175,11 @@ func (e *env) runTap(ctx context.Context, name string, o tap.Options) error {
 				pcap = "CAPTURE.pcap"
 			}
 			fmt.Fprintf(e.stderr, "abox: TLS keys of intercepted sessions go to %s while the tap runs; decrypt with\n  tshark -o tls.keylog_file:%s -r %s -Y http\n", keys.Path, keys.Path, pcap)
+			if secretKeys {
+				fmt.Fprintf(e.stderr, "abox: --keys-of-secret-sessions: the keys of sessions carrying an injected secret are written too; the capture shows its value\n")
+			} else {
+				fmt.Fprintf(e.stderr, "abox: the keys of sessions that carry an injected secret are left out (--keys-of-secret-sessions writes them)\n")
+			}
 		case st.NoMITM:
 			fmt.Fprintf(e.stderr, "abox: %s does not intercept TLS (--no-mitm): HTTPS in the capture cannot be decrypted\n", name)
 		}
@@ -161,8 +189,13 @@ func (e *env) runTap(ctx context.Context, name string, o tap.Options) error {
 		// The key log has a cap of its own and stops at a failed write;
 		// the sessions after that are in the capture, not in the log.
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		if k, kerr := client.KeyLog(kctx); kerr == nil && k.Stopped != "" {
-			fmt.Fprintf(e.stderr, "warning: the TLS key log stopped during the capture (%s): sessions after that cannot be decrypted\n", k.Stopped)
+		if k, kerr := client.KeyLog(kctx); kerr == nil {
+			if k.Stopped != "" {
+				fmt.Fprintf(e.stderr, "warning: the TLS key log stopped during the capture (%s): sessions after that cannot be decrypted\n", k.Stopped)
+			}
+			if n := k.Withheld - withheld0; n > 0 && k.Withheld >= withheld0 {
+				fmt.Fprintf(e.stderr, "abox: left the keys of %d TLS session(s) out of %s: they carried an injected secret (--keys-of-secret-sessions writes them; sessions still open now are left out too)\n", n, keys.Path)
+			}
 		}
 		cancel()
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
 	"github.com/abox-dev/abox/internal/resolver"
+	"github.com/abox-dev/abox/internal/secrets"
 	"github.com/abox-dev/abox/internal/upstream"
 )
 
@@ -379,6 +380,10 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 		if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil && !ap.Addr().IsUnspecified() {
 			phost = append(append([]netip.Addr(nil), host...), ap.Addr().Unmap())
 		}
+		var secretSrc httpfilter.SecretSource // a nil *secrets.Source would not be a nil interface
+		if h.SecretsDir != "" {
+			secretSrc = secrets.Open(h.SecretsDir).Source(cfg.Instance)
+		}
 		proxy, err := httpfilter.New(httpfilter.Config{
 			Listener:       ln,
 			Policy:         pol,
@@ -391,6 +396,7 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 			UpstreamRoots:  roots,
 			Dialer:         dialer,
 			KeyLogPath:     h.KeyLogPath,
+			Secrets:        secretSrc,
 			Decisions:      httpd.w,
 			Logger:         log,
 			MaxConns:       or(h.MaxConns, DefaultMaxConns),

@@ -117,6 +117,10 @@ type HTTPConfig struct {
 	UpstreamProxyCredentials string
 	// KeyLogPath is where the TLS key log goes when switched on.
 	KeyLogPath string
+	// SecretsDir is the host's secret store (paths.Layout.Secrets): the
+	// proxy injects the instance's bound secrets from it and refuses
+	// their placeholders elsewhere (docs/secrets.md). Empty: no secrets.
+	SecretsDir string
 	// MaxConns bounds concurrent guest connections (0: DefaultMaxConns);
 	// IdleTimeout closes a connection idle this long (0: DefaultIdleTimeout).
 	MaxConns    int

@@ -252,10 +252,12 @@ func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target,
 		return
 	}
 	var sniErr string
+	sc.keys = p.keylog.session(p.sessionBinds(t))
+	defer sc.keys.end()
 	cfg := &tls.Config{
 		MinVersion:   tls.VersionTLS12,
 		NextProtos:   []string{"h2", "http/1.1"},
-		KeyLogWriter: p.keylog,
+		KeyLogWriter: sc.keys,
 		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
 			// No SNI is normal for IP literals; inner requests are still
 			// held to the CONNECT host.

@@ -183,6 +183,10 @@ type record struct {
 	ruleSet, reqRule, wouldDeny, detail string
 	up, down                            int64
 	err                                 error
+	// secret is a secrets refusal (secrets.Decision.Denial: reason, the
+	// secret's name, where, why); injected names the secrets set on the
+	// request. Never a value or a placeholder.
+	secret, injected string
 }
 
 func (r *record) apply(d decision) {
@@ -294,6 +298,12 @@ func (p *Proxy) finish(r *record) {
 	if r.sni != "" {
 		attrs = append(attrs, slog.String("sni", r.sni))
 	}
+	if r.secret != "" {
+		attrs = append(attrs, slog.String("secret", r.secret))
+	}
+	if r.injected != "" {
+		attrs = append(attrs, slog.String("injected", r.injected))
+	}
 	if r.err != nil {
 		attrs = append(attrs, slog.String("error", r.err.Error()))
 	}
@@ -347,6 +357,12 @@ func (r *record) line(now time.Time) *decisionlog.Line {
 	if r.sni != "" {
 		l.String("sni", r.sni)
 	}
+	if r.secret != "" {
+		l.String("secret", r.secret)
+	}
+	if r.injected != "" {
+		l.String("injected", r.injected)
+	}
 	if r.err != nil {
 		l.String("error", r.err.Error())
 	}
@@ -388,6 +404,10 @@ func (p *Proxy) refuse(w http.ResponseWriter, r *record, status int, reason stri
 		// Refused by the host's request rules: say which request and
 		// whose rules, so the line to add or widen is plain.
 		fmt.Fprintf(w, "abox proxy: blocked %s %s on %s: %s by the rules of %s (denial id %s)\n", r.method, r.path, host, reason, r.ruleSet, r.denialID)
+		return
+	}
+	if r.secret != "" {
+		fmt.Fprintf(w, "abox proxy: blocked %s %s on %s: %s (denial id %s)\n", r.method, r.path, host, r.secret, r.denialID)
 		return
 	}
 	fmt.Fprintf(w, "abox proxy: %s %s: %s (denial id %s)\n", what, host, reason, r.denialID)

@@ -33,6 +33,9 @@ type scope struct {
 	// WebSocket upgrade decided by rules is recorded on it, so that rules
 	// that no longer allow it close the tunnel it took over.
 	use *liveUse
+	// keys is the TLS session's key log writer (nil for plain bytes in a
+	// tunnel): an injection marks it so that its keys are not logged.
+	keys *sessionKeys
 }
 
 type scopeKey struct{}
@@ -200,7 +203,12 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 		p.refuse(w, rec, d.status, d.reason, false)
 		return
 	}
+	// A push is held to its refs first (it reads the ref updates and
+	// replays them); the request that goes on then gets its secrets.
 	if p.holdPush(w, r, rec, d) {
+		return
+	}
+	if !p.applySecrets(ctx, w, r, rec, t, scheme, d) {
 		return
 	}
 	st := &fwdState{checked: d.checked, scheme: scheme, defaultPort: defPort, rec: rec, ruled: d.rules != nil, target: d.target}

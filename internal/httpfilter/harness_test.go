@@ -127,9 +127,10 @@ type hopts struct {
 	// benchmark's io.Discard: a buffer growing to hundreds of MB would be
 	// measured too).
 	sink      io.Writer
-	rate      float64 // Config.RequestRate (negative: no limit)
-	keyLog    string  // Config.KeyLogPath, if not logs/keys.log in a temporary directory
-	keyLogMax int64   // Config.KeyLogMaxBytes
+	rate      float64      // Config.RequestRate (negative: no limit)
+	keyLog    string       // Config.KeyLogPath, if not logs/keys.log in a temporary directory
+	keyLogMax int64        // Config.KeyLogMaxBytes
+	secrets   SecretSource // Config.Secrets
 	// wrapListener, when set, wraps the proxy's listener (its accepted
 	// connections are the guest's).
 	wrapListener func(net.Listener) net.Listener
@@ -227,6 +228,7 @@ func newHarness(t testing.TB, o hopts) *harness {
 		h.keyLog, cfg.KeyLogPath = o.keyLog, o.keyLog
 	}
 	cfg.ResponseHeaderTimeout = o.respHeader
+	cfg.Secrets = o.secrets
 	cfg.RequestRate = o.rate
 	if o.resolver != nil {
 		cfg.Resolver = o.resolver

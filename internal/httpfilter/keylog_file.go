@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 )
 
 // DefaultKeyLogMaxBytes is the key log's cap when none is configured: a
@@ -29,6 +30,89 @@ type keyLog struct {
 	f       *os.File // nil when off
 	size    int64    // bytes in the file, a line boundary
 	stopped string   // why no more keys are written, while on
+	// secrets, while on, writes the keys of sessions that carried an
+	// injected secret too (abox tap --keys-of-secret-sessions); switching
+	// the log off clears it.
+	secrets bool
+	// withheld counts the sessions whose keys were left out because they
+	// carried an injected secret, since the proxy started.
+	withheld atomic.Uint64
+}
+
+func (k *keyLog) state() (on, secrets bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.f != nil && k.stopped == "", k.secrets
+}
+
+// session returns the key line writer of one intercepted TLS session.
+// hold is whether a secret is bound to its host (Policy.Binds).
+func (k *keyLog) session(hold bool) *sessionKeys {
+	return &sessionKeys{log: k, hold: hold}
+}
+
+// sessionKeys writes one intercepted TLS session's key lines so that no
+// key of a session that carried an injected secret reaches the key log
+// (a capture decrypted with it would show the value): a session to a host
+// no secret is bound to writes its lines at once; one to a bound host
+// holds them (a few hundred bytes) until it ends and writes them only if
+// it injected nothing. A binding added after a session's handshake finds
+// its keys written: inject then says no and the request is refused rather
+// than sent (errKeysLogged). The opt-in (keyLog.secrets) writes every
+// line at once and allows every injection.
+type sessionKeys struct {
+	log  *keyLog
+	hold bool
+
+	mu       sync.Mutex
+	lines    []byte // held, whole lines
+	logged   bool   // a line went to the key log
+	injected bool
+}
+
+func (s *sessionKeys) Write(b []byte) (int, error) {
+	on, secrets := s.log.state()
+	if !on {
+		return len(b), nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if secrets || (!s.hold && !s.injected) {
+		s.logged = true
+		return s.log.Write(b)
+	}
+	s.lines = append(s.lines, b...)
+	return len(b), nil
+}
+
+// inject reports whether a secret may be injected on the session: not
+// when its keys are already in the key log, unless opted in.
+func (s *sessionKeys) inject() bool {
+	_, secrets := s.log.state()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.logged && !secrets {
+		return false
+	}
+	s.injected = true
+	return true
+}
+
+// end writes the held lines of a session that injected nothing, or counts
+// it as withheld.
+func (s *sessionKeys) end() {
+	_, secrets := s.log.state()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.lines) == 0 {
+		return
+	}
+	if s.injected && !secrets {
+		s.log.withheld.Add(1)
+	} else {
+		s.log.Write(s.lines)
+	}
+	s.lines = nil
 }
 
 func (k *keyLog) cap() int64 {
@@ -72,7 +156,7 @@ func (k *keyLog) set(on bool) error {
 			return nil
 		}
 		err := k.f.Close()
-		k.f, k.stopped = nil, ""
+		k.f, k.stopped, k.secrets = nil, "", false
 		return err
 	}
 	if k.f != nil {

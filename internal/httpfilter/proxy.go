@@ -60,6 +60,11 @@ type Config struct {
 	UpstreamRoots *x509.CertPool
 	// KeyLogPath is where SetKeyLog(true) writes NSS key log lines.
 	KeyLogPath string
+	// Secrets, when set, is the instance's secrets: on every intercepted
+	// request that passed every other check, bound headers are set from
+	// the values and a placeholder anywhere else is refused (secrets.go).
+	// Nil: no secret is injected and placeholders are not looked for.
+	Secrets SecretSource
 	// KeyLogMaxBytes caps the key log file (what it held before counts);
 	// 0 means DefaultKeyLogMaxBytes. Past it keys are no longer written.
 	KeyLogMaxBytes int64
@@ -120,6 +125,8 @@ type Proxy struct {
 	h2        *http2.Server
 	inner     *http.Server // the base configuration of intercepted HTTP/2 connections
 	keylog    *keyLog
+	// secretsErr is the last secrets policy error reported (a string).
+	secretsErr atomic.Value
 
 	stats  stats
 	limits limits
@@ -440,6 +447,30 @@ func (p *Proxy) KeyLogStopped() string {
 	return p.keylog.stopped
 }
 
+// SetKeyLogSecretSessions opts the key log, while it is on, into the keys
+// of sessions that carried an injected secret (off by default; switching
+// the key log off clears it).
+func (p *Proxy) SetKeyLogSecretSessions(on bool) error {
+	p.keylog.mu.Lock()
+	defer p.keylog.mu.Unlock()
+	if on && p.keylog.f == nil {
+		return errors.New("writing the keys of secret sessions: the key log is off (abox tap turns it on)")
+	}
+	p.keylog.secrets = on
+	return nil
+}
+
+// KeyLogSecretSessions reports whether the key log takes the keys of
+// sessions that carried an injected secret.
+func (p *Proxy) KeyLogSecretSessions() bool {
+	_, s := p.keylog.state()
+	return s
+}
+
+// KeyLogWithheld counts the sessions whose keys were left out of the key
+// log because they carried an injected secret, since the proxy started.
+func (p *Proxy) KeyLogWithheld() uint64 { return p.keylog.withheld.Load() }
+
 // KeyLogEnabled reports whether key logging is on.
 func (p *Proxy) KeyLogEnabled() bool {
 	p.keylog.mu.Lock()
@@ -485,8 +516,11 @@ type Stats struct {
 	BytesToGuest      uint64 `json:"bytes_to_guest"`
 	KeyLog            bool   `json:"keylog"`
 	KeyLogStopped     string `json:"keylog_stopped,omitempty"`
-	CertsCached       int    `json:"certs_cached"`
-	Listen            string `json:"listen"`
+	// KeyLogWithheld counts sessions whose keys were left out of the key
+	// log: they carried an injected secret.
+	KeyLogWithheld uint64 `json:"keylog_withheld"`
+	CertsCached    int    `json:"certs_cached"`
+	Listen         string `json:"listen"`
 	// Panics counts panics recovered while serving one connection or
 	// request: each ended that one only (the daemon's log has the stack).
 	Panics uint64 `json:"panics"`
@@ -514,6 +548,7 @@ func (p *Proxy) Stats() any {
 		BytesToGuest:      p.stats.bytesToClients.Load(),
 		KeyLog:            p.KeyLogEnabled(),
 		KeyLogStopped:     p.KeyLogStopped(),
+		KeyLogWithheld:    p.KeyLogWithheld(),
 		CertsCached:       p.cfg.CA.CachedLeaves(),
 		Listen:            p.Addr().String(),
 		Panics:            p.panics.Count(),

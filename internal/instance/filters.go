@@ -42,6 +42,7 @@ func DataPlane(l paths.Layout, st State, socks *daemon.Sockets, diag io.Writer) 
 			UpstreamProxy:            st.UpstreamProxy,
 			UpstreamProxyCredentials: st.UpstreamProxyCredentials,
 			KeyLogPath:               f.KeyLog,
+			SecretsDir:               l.Secrets(),
 		},
 		Logs: daemon.LogConfig{DNSFile: f.DNSLog, HTTPFile: f.HTTPLog, Diag: diag},
 	}

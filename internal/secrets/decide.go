@@ -236,6 +236,56 @@ func (p *Policy) Decide(r *Request) Decision {
 	return d
 }
 
+// Binds reports whether a binding of the policy may inject on a request
+// to host and port (leaving aside its rules): the proxy holds the TLS keys
+// of such a session until it knows whether it carried a value.
+func (p *Policy) Binds(host string, port uint16) bool {
+	if p == nil {
+		return false
+	}
+	n, err := allowlist.NormalizeName(host)
+	if err != nil {
+		return false
+	}
+	for i := range p.bindings {
+		b := &p.bindings[i]
+		if b.Port == port && b.hosts.MatchNormalized(n).Verdict == allowlist.Allow {
+			return true
+		}
+	}
+	return false
+}
+
+// Redact returns s with the instance's placeholders in it replaced by
+// "abox-ph-REDACTED", or "(redacted)" when one is there only in a form
+// (percent-encoded) that cannot be cut out, for a log line.
+func (p *Policy) Redact(s string) string {
+	if p.Empty() || len(p.placeholdersIn(s)) == 0 {
+		return s
+	}
+	low := strings.ToLower(s)
+	var b strings.Builder
+	for {
+		i := strings.Index(low, PlaceholderPrefix)
+		if i < 0 {
+			b.WriteString(s)
+			break
+		}
+		end := min(i+placeholderLen, len(low))
+		if p.secretOf[low[i:end]] == "" {
+			b.WriteString(s[:i+len(PlaceholderPrefix)])
+			s, low = s[i+len(PlaceholderPrefix):], low[i+len(PlaceholderPrefix):]
+			continue
+		}
+		b.WriteString(s[:i] + PlaceholderPrefix + "REDACTED")
+		s, low = s[end:], low[end:]
+	}
+	if out := b.String(); len(p.placeholdersIn(out)) == 0 {
+		return out
+	}
+	return "(redacted)"
+}
+
 // covers returns "" when binding b covers the request, else why not (a
 // Detail* constant or a reqrules reason code).
 func (p *Policy) covers(b *compiled, host string, r *Request) string {

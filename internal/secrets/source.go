@@ -1,6 +1,7 @@
 package secrets
 
 import (
+	"context"
 	"errors"
 	"io/fs"
 	"os"
@@ -27,6 +28,8 @@ type Source struct {
 	store    *Store
 	instance string
 
+	used     UseMarker
+
 	mu    sync.Mutex
 	stamp stamp // of the index the policy was built from
 	pol   *Policy
@@ -42,7 +45,20 @@ type stamp struct {
 
 // Source returns a Source of instance's policy.
 func (s *Store) Source(instance string) *Source {
-	return &Source{store: s, instance: instance}
+	return &Source{store: s, instance: instance, used: UseMarker{Store: s}}
+}
+
+// Value reads secret name's value now (Store.Value): the proxy calls it
+// through Apply for every request it injects, so a rotation reaches the
+// next request.
+func (src *Source) Value(ctx context.Context, name string) ([]byte, error) {
+	return src.store.Value(ctx, name)
+}
+
+// Used records the last use of names, at most once a minute per secret
+// (UseMarker).
+func (src *Source) Used(names []string, now time.Time) error {
+	return src.used.Used(names, now)
 }
 
 // Policy returns the current policy. With an error the policy is still

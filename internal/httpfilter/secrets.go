@@ -1,0 +1,169 @@
+package httpfilter
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/abox-dev/abox/internal/egress"
+	"github.com/abox-dev/abox/internal/reqrules"
+	"github.com/abox-dev/abox/internal/secrets"
+)
+
+// SecretSource is what the proxy needs of its instance's secrets;
+// secrets.Source implements it (docs/secrets.md).
+type SecretSource interface {
+	// Policy is the instance's current bindings and placeholders. With an
+	// error the policy returned is still the one to use.
+	Policy() (*secrets.Policy, error)
+	// Value reads a secret's value at this moment (a rotation reaches the
+	// next request).
+	Value(ctx context.Context, name string) ([]byte, error)
+	// Used records that a request carried the secrets names.
+	Used(names []string, now time.Time) error
+}
+
+// MaxSecretBodyScan is how much of a request body, at most, the proxy reads
+// ahead (and replays upstream) for the secrets decision to look for a
+// placeholder in: only bodies with a Content-Length, and only on instances
+// with a bound secret. A placeholder past it, or in a body without a
+// length (chunked HTTP/1.1, an HTTP/2 stream without content-length), is
+// not seen: reading those ahead would mean buffering uploads of any size
+// or stalling a stream that waits for its answer.
+const MaxSecretBodyScan = 64 << 10
+
+// errKeysLogged is the refusal of an injection on a session whose TLS keys
+// are already in the key log (the binding came after its handshake).
+var errKeysLogged = errors.New("injecting a secret: this TLS session's keys are already in the key log (a binding added while it was open); the next connection injects")
+
+// applySecrets is the secrets step of a request that passed every other
+// check: it decides r as it will be sent (method, the target the rules
+// decided, the header after the proxy's own removals, a bounded prefix of
+// the body) and sets the bound headers from the values. It reports false
+// when it refused r, with the secrets reason and a denial id.
+func (p *Proxy) applySecrets(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *record, t egress.Target, scheme string, d decision) bool {
+	if p.cfg.Secrets == nil {
+		return true
+	}
+	pol, err := p.cfg.Secrets.Policy()
+	if err != nil {
+		p.secretsError(err)
+	}
+	if pol.Empty() {
+		return true
+	}
+	target := d.target
+	if d.rules == nil {
+		path, query := SplitTarget(r.RequestURI)
+		target = reqrules.NewTarget(path, query, false)
+	}
+	sent := r.Header.Clone()
+	keepTE := httpguts.HeaderValuesContainsToken(sent["Te"], "trailers")
+	removeHopByHop(sent)
+	if keepTE {
+		sent["Te"] = []string{"trailers"}
+	}
+	removeRoutingFields(sent)
+	sd := pol.Decide(&secrets.Request{
+		Host:   t.Host(),
+		Port:   t.Port,
+		Method: r.Method,
+		Target: target,
+		// Only inner requests of an intercepted TLS session are https
+		// here: the proxy refuses absolute https:// requests.
+		TLS:    scheme == "https",
+		Header: sent,
+		Body:   peekBody(r),
+	})
+	rec.path = pol.Redact(rec.path)
+	if sd.Refused {
+		rec.secret = sd.Denial()
+		p.refuse(w, rec, http.StatusForbidden, sd.Reason, false)
+		return false
+	}
+	if len(sd.Inject) == 0 {
+		return true
+	}
+	names := strings.Join(sd.Secrets(), ",")
+	if sc, _ := ctx.Value(scopeKey{}).(*scope); sc != nil && sc.keys != nil && !sc.keys.inject() {
+		rec.secret, rec.err = secrets.ReasonSecretUnavailable+": secret "+names, errKeysLogged
+		p.refuse(w, rec, http.StatusForbidden, secrets.ReasonSecretUnavailable, false)
+		return false
+	}
+	if err := secrets.Apply(r.Header, sd, func(n string) ([]byte, error) { return p.cfg.Secrets.Value(ctx, n) }); err != nil {
+		rec.secret, rec.err = secrets.ReasonSecretUnavailable+": secret "+names, err
+		p.refuse(w, rec, http.StatusForbidden, secrets.ReasonSecretUnavailable, false)
+		return false
+	}
+	rec.injected = names
+	if err := p.cfg.Secrets.Used(sd.Secrets(), time.Now()); err != nil {
+		p.log.Warn("recording a secret's last use", "secret", names, "err", err)
+	}
+	return true
+}
+
+// secretsError reports a store that cannot be read or a binding that no
+// longer validates, once per distinct error (the policy then injects
+// less, never more).
+func (p *Proxy) secretsError(err error) {
+	msg := err.Error()
+	if old, _ := p.secretsErr.Swap(msg).(string); old == msg {
+		return
+	}
+	p.log.Warn("reading the secrets policy: secrets it cannot read are not injected", "err", msg)
+}
+
+// sessionBinds reports whether a secret may be injected on an intercepted
+// session to t, so that its key lines are held until it ends.
+func (p *Proxy) sessionBinds(t egress.Target) bool {
+	if p.cfg.Secrets == nil {
+		return false
+	}
+	pol, err := p.cfg.Secrets.Policy()
+	if err != nil {
+		p.secretsError(err)
+	}
+	return pol.Binds(t.Host(), t.Port)
+}
+
+// peekBody reads up to MaxSecretBodyScan bytes of a body with a
+// Content-Length and puts them back in front of the rest. A read error
+// (the guest cut the body) is replayed after the prefix, so the exchange
+// sees it where it would have.
+func peekBody(r *http.Request) []byte {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength <= 0 {
+		return nil
+	}
+	buf := make([]byte, min(r.ContentLength, MaxSecretBodyScan))
+	n, err := io.ReadFull(r.Body, buf)
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF // shorter than its Content-Length
+	}
+	r.Body = &replayBody{ReadCloser: r.Body, prefix: buf[:n], err: err}
+	return buf[:n]
+}
+
+// replayBody is a body whose first bytes were read ahead: prefix, then
+// err if reading them failed, else the rest.
+type replayBody struct {
+	io.ReadCloser
+	prefix []byte
+	err    error
+}
+
+func (b *replayBody) Read(p []byte) (int, error) {
+	if len(b.prefix) > 0 {
+		n := copy(p, b.prefix)
+		b.prefix = b.prefix[n:]
+		return n, nil
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	return b.ReadCloser.Read(p)
+}
