@@ -350,6 +350,7 @@ func TestVM(t *testing.T) {
 		s.readOnlyCodeHost(t, "dev", proxy)
 	})
 	s.gitPushChecks(t, proxy)
+	s.secretChecks(t, proxy)
 	nic := s.mustGuest(t, "dev", "ip -o -4 addr show | awk '$4 ~ /^"+strings.TrimSuffix(dev.GuestIP.String(), ".10")+"\\./ {print $2; exit}'")
 	if nic == "" {
 		t.Fatal("cannot find the guest's NIC")

@@ -40,6 +40,11 @@ const (
 	CodeRepo = "app.git"
 )
 
+// APIHost is the stand-in API on the origin: it answers only requests
+// with "Authorization: Bearer TOKEN", TOKEN being the content of
+// Lab.TokenFile (read at every request), and 401 to any other.
+const APIHost = "api.test"
+
 // Records answered by both the upstream resolver and the origin's DNS.
 var Records = map[string]string{
 	"allowed.test":     OriginIP,
@@ -47,6 +52,7 @@ var Records = map[string]string{
 	"blocked.test":     OriginIP,
 	"late.test":        OriginIP,
 	CodeHost:           OriginIP,
+	APIHost:            OriginIP,
 	"private.test":     "10.0.0.5",
 	"loop.test":        "127.0.0.1",
 }
@@ -59,6 +65,9 @@ type Lab struct {
 	Home     string // ABOX_HOME of the lab
 	OriginCA string // PEM of the origin's CA, for --upstream-ca
 	GitRoot  string // the bare repositories CodeHost serves
+	// TokenFile holds the token APIHost accepts (none until a test
+	// writes it).
+	TokenFile string
 
 	procs []*exec.Cmd
 	logf  func(string, ...any)
@@ -158,6 +167,7 @@ func (l *Lab) startOrigin(ctx context.Context) error {
 		}
 	}
 	l.OriginCA = filepath.Join(l.Env.Dir, "origin-ca.pem")
+	l.TokenFile = filepath.Join(l.Env.Dir, "api-token")
 	if err := l.makeRepo(ctx); err != nil {
 		return err
 	}
@@ -171,7 +181,7 @@ func (l *Lab) startOrigin(ctx context.Context) error {
 	}
 	if err := l.background(ctx, "ip", "netns", "exec", l.OriginNS, filepath.Join(l.Bin, "testorigin"),
 		"--http", OriginIP+":80", "--https", OriginIP+":443", "--names", strings.Join(append(names, OriginIP), ","), "--ca-out", l.OriginCA,
-		"--git-host", CodeHost, "--git-root", l.GitRoot); err != nil {
+		"--git-host", CodeHost, "--git-root", l.GitRoot, "--token-host", APIHost, "--token-file", l.TokenFile); err != nil {
 		return err
 	}
 	if err := l.background(ctx, append([]string{"ip", "netns", "exec", l.OriginNS, filepath.Join(l.Bin, "fakedns"), "--listen", OriginIP + ":53"}, records...)...); err != nil {

@@ -8,6 +8,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -34,7 +35,12 @@ func main() {
 	h1 := flag.Bool("http1", false, "HTTPS offers HTTP/1.1 only (no h2)")
 	gitHost := flag.String("git-host", "", "requests for this host are git's smart HTTP (git http-backend), reads and pushes")
 	gitRoot := flag.String("git-root", "", "the directory of the bare repositories --git-host serves")
+	tokenHost := flag.String("token-host", "", "requests for this host need Authorization: Bearer and the token in --token-file (401 otherwise): a stand-in API for injected secrets")
+	tokenFile := flag.String("token-file", "", "the file holding --token-host's token, read at every request (so it can be written, or rotated, after the start)")
 	flag.Parse()
+	if (*tokenHost == "") != (*tokenFile == "") {
+		log.Fatal("--token-host and --token-file go together: name the host and the file holding its token")
+	}
 
 	var git http.Handler
 	if *gitHost != "" {
@@ -44,6 +50,13 @@ func main() {
 		if git != nil && hostOnly(r.Host) == *gitHost {
 			git.ServeHTTP(w, r)
 			return
+		}
+		if *tokenHost != "" && hostOnly(r.Host) == *tokenHost {
+			if why := checkToken(r, *tokenFile); why != "" {
+				w.Header().Set("WWW-Authenticate", "Bearer")
+				http.Error(w, "testorigin: "+why, http.StatusUnauthorized)
+				return
+			}
 		}
 		if n, ok := strings.CutPrefix(r.URL.Path, "/bytes/"); ok {
 			serveBytes(w, n)
@@ -90,6 +103,27 @@ func gitBackend(root string) http.Handler {
 		Args: []string{"http-backend"},
 		Env:  []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"},
 	}
+}
+
+// checkToken returns why r does not carry exactly "Authorization: Bearer
+// TOKEN" with the token in file, or "" when it does. The answer never
+// repeats what the request sent, nor the token.
+func checkToken(r *http.Request, file string) string {
+	b, err := os.ReadFile(file)
+	want := strings.TrimSpace(string(b))
+	if err != nil || want == "" {
+		return "no token to check against (write one to --token-file)"
+	}
+	got := r.Header.Values("Authorization")
+	switch {
+	case len(got) == 0:
+		return "no Authorization header"
+	case len(got) > 1:
+		return "more than one Authorization header"
+	case subtle.ConstantTimeCompare([]byte(got[0]), []byte("Bearer "+want)) != 1:
+		return "wrong token"
+	}
+	return ""
 }
 
 func hostOnly(hostport string) string {
