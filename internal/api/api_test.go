@@ -152,8 +152,16 @@ func TestAPIRoundTrip(t *testing.T) {
 		t.Error("logs of unknown component succeeded")
 	}
 	k, err := c.SetKeyLog(ctx, true)
-	if err != nil || !k.Enabled {
+	if err != nil || !k.Enabled || k.SecretSessions {
 		t.Errorf("keylog = %+v, %v", k, err)
+	}
+	// The opt-in into secret sessions is explicit, and a plain switch on
+	// (a second tap) does not clear it.
+	if k, err = c.KeyLogSecretSessions(ctx); err != nil || !k.SecretSessions {
+		t.Errorf("keylog after opting in = %+v, %v", k, err)
+	}
+	if k, err = c.SetKeyLog(ctx, true); err != nil || !k.SecretSessions {
+		t.Errorf("keylog switched on again = %+v, %v: the opt-in must stay", k, err)
 	}
 }
 

@@ -208,7 +208,7 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 	if p.holdPush(w, r, rec, d) {
 		return
 	}
-	if !p.applySecrets(ctx, w, r, rec, t, scheme, d) {
+	if !p.applySecrets(ctx, w, r, rec, t, scheme, &d) {
 		return
 	}
 	st := &fwdState{checked: d.checked, scheme: scheme, defaultPort: defPort, rec: rec, ruled: d.rules != nil, target: d.target}

@@ -46,7 +46,7 @@ var errKeysLogged = errors.New("injecting a secret: this TLS session's keys are 
 // decided, the header after the proxy's own removals, a bounded prefix of
 // the body) and sets the bound headers from the values. It reports false
 // when it refused r, with the secrets reason and a denial id.
-func (p *Proxy) applySecrets(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *record, t egress.Target, scheme string, d decision) bool {
+func (p *Proxy) applySecrets(ctx context.Context, w http.ResponseWriter, r *http.Request, rec *record, t egress.Target, scheme string, d *decision) bool {
 	if p.cfg.Secrets == nil {
 		return true
 	}
