@@ -83,7 +83,7 @@ func (s *suite) secretChecks(t *testing.T, proxy string) {
 		b64 := base64.StdEncoding.EncodeToString([]byte(value))
 		phb64 := base64.StdEncoding.EncodeToString([]byte(ph))
 		search := "p=$(echo " + b64 + " | base64 -d); q=$(echo " + phb64 + " | base64 -d); " +
-			"echo files=$(timeout 900 grep -rIlsF -D skip --exclude-dir=proc --exclude-dir=sys -e \"$p\" / | wc -l); " +
+			"echo files=$(timeout 500 grep -rIlsF -D skip --exclude-dir=proc --exclude-dir=sys -e \"$p\" / | wc -l); " +
 			"v=0; h=0; for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null | grep -qF -e \"$p\" && v=$((v+1)); tr '\\0' '\\n' < $f 2>/dev/null | grep -qF -e \"$q\" && h=$((h+1)); done; " +
 			"echo environ=$v placeholder=$h"
 		out = s.mustGuest(t, "dev", "sudo sh -c '"+strings.ReplaceAll(search, "'", `'\''`)+"'")

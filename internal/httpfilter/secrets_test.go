@@ -231,6 +231,7 @@ func TestSecretLeakRefused(t *testing.T) {
 				{"path", "GET", api + "/v1/" + f.ph, "", "", secrets.WherePath, secrets.DetailPlacement},
 				{"body", "POST", api + "/v1/chat", "", `{"note":"` + f.ph + `"}`, secrets.WhereBody, secrets.DetailPlacement},
 				{"body after other bytes", "POST", api + "/v1/chat", "", strings.Repeat("x", 40000) + f.ph, secrets.WhereBody, secrets.DetailPlacement},
+				{"body of a large upload", "POST", api + "/v1/files", "", f.ph + strings.Repeat("y", 300000), secrets.WhereBody, secrets.DetailPlacement},
 				{"plain http", "GET", "http://api.test:" + f.plainPort + "/v1/models", "Bearer " + f.ph, "", "header Authorization", secrets.DetailPlainHTTP},
 			}
 			for _, tc := range cases {
@@ -249,6 +250,11 @@ func TestSecretLeakRefused(t *testing.T) {
 					if got, other := f.api.take(), f.other.take(); len(got)+len(other) != 0 {
 						t.Errorf("refused, but the origins read %q %q", got, other)
 					}
+					// The connection still serves the next request.
+					if resp, body := f.do(t, c, "GET", api+"/v1/models", "", ""); resp.StatusCode != 200 {
+						t.Errorf("the request after the refusal: %d %q", resp.StatusCode, body)
+					}
+					f.api.take()
 					line := f.h.waitLine(t, "denial_id", id)
 					want := fmt.Sprintf("secret_leak: secret TOKEN in the %s (%s)", tc.where, tc.detail)
 					if line["reason"] != secrets.ReasonSecretLeak || line["secret"] != want {
