@@ -28,7 +28,7 @@ type Source struct {
 	store    *Store
 	instance string
 
-	used     UseMarker
+	used UseMarker
 
 	mu    sync.Mutex
 	stamp stamp // of the index the policy was built from
