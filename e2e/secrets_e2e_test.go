@@ -87,6 +87,7 @@ func (s *suite) secretChecks(t *testing.T, proxy string) {
 			"v=0; h=0; for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null | grep -qF -e \"$p\" && v=$((v+1)); tr '\\0' '\\n' < $f 2>/dev/null | grep -qF -e \"$q\" && h=$((h+1)); done; " +
 			"echo environ=$v placeholder=$h"
 		out = s.mustGuest(t, "dev", "sudo sh -c '"+strings.ReplaceAll(search, "'", `'\''`)+"'")
+		t.Logf("guest search for the value: %s", strings.TrimSpace(out))
 		if !strings.Contains(out, "files=0") || !strings.Contains(out, "environ=0") {
 			t.Errorf("the value is in the guest: %q", out)
 		}
