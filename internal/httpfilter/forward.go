@@ -432,6 +432,27 @@ func (b *countingBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// replayBody is a body whose first bytes were read ahead (a push's ref
+// updates, a prefix searched for placeholders): prefix, then err if
+// reading them failed, else the rest.
+type replayBody struct {
+	io.ReadCloser
+	prefix []byte
+	err    error
+}
+
+func (b *replayBody) Read(p []byte) (int, error) {
+	if len(b.prefix) > 0 {
+		n := copy(p, b.prefix)
+		b.prefix = b.prefix[n:]
+		return n, nil
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	return b.ReadCloser.Read(p)
+}
+
 // countingWriter counts response bytes and records the status.
 type countingWriter struct {
 	http.ResponseWriter

@@ -1,7 +1,6 @@
 package httpfilter
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -67,7 +66,7 @@ func (p *Proxy) holdPush(w http.ResponseWriter, r *http.Request, rec *record, d 
 			rec.wouldDeny = reason
 		}
 		if r.Body != nil {
-			r.Body = replayBody{Reader: io.MultiReader(bytes.NewReader(raw), r.Body), Closer: r.Body}
+			r.Body = &replayBody{ReadCloser: r.Body, prefix: raw}
 		}
 		return false
 	}
@@ -126,11 +125,4 @@ func receivePack(requestTarget string) bool {
 		path = d
 	}
 	return strings.Contains(strings.ToLower(path), "git-receive-pack")
-}
-
-// replayBody sends the bytes holdPush read, then the rest, and closes the
-// guest's body.
-type replayBody struct {
-	io.Reader
-	io.Closer
 }

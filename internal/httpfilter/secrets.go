@@ -147,23 +147,3 @@ func peekBody(r *http.Request) []byte {
 	r.Body = &replayBody{ReadCloser: r.Body, prefix: buf[:n], err: err}
 	return buf[:n]
 }
-
-// replayBody is a body whose first bytes were read ahead: prefix, then
-// err if reading them failed, else the rest.
-type replayBody struct {
-	io.ReadCloser
-	prefix []byte
-	err    error
-}
-
-func (b *replayBody) Read(p []byte) (int, error) {
-	if len(b.prefix) > 0 {
-		n := copy(p, b.prefix)
-		b.prefix = b.prefix[n:]
-		return n, nil
-	}
-	if b.err != nil {
-		return 0, b.err
-	}
-	return b.ReadCloser.Read(p)
-}
