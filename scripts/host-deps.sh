@@ -14,6 +14,7 @@ set -eu
 #   libvirt-daemon-system             libvirtd, virtlogd, nwfilter and network drivers
 #   libvirt-clients                   virsh, used by docs, tests and debugging
 #   iptables ebtables                 host FORWARD chains; libvirt's nwfilter drives ebtables
+#   nftables                          nft: the per-bridge table that answers refused flows
 #   dnsmasq-base                      libvirt insists on the binary even with <dns enable='no'/>
 #   genisoimage                       NoCloud seed ISOs (cidata)
 #   debootstrap e2fsprogs             `abox base build debian-12` (mke2fs -d)
@@ -33,6 +34,7 @@ qemu-utils
 libvirt-daemon-system
 libvirt-clients
 iptables
+nftables
 ebtables
 dnsmasq-base
 genisoimage

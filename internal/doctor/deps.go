@@ -79,6 +79,7 @@ var tools = []tool{
 	{bin: "ip6tables", pkg: "iptables", why: "the host chains of every bridge (IPv6)"},
 	{bin: "iptables-restore", pkg: "iptables", why: "changes the host chains in one transaction"},
 	{bin: "ip6tables-restore", pkg: "iptables", why: "changes the host chains in one transaction (IPv6)"},
+	{bin: "nft", pkg: "nftables", why: "the table of every bridge that answers refused flows at once"},
 	{bin: "ebtables", pkg: "ebtables", why: "libvirt's nwfilter programs layer-2 rules with it"},
 	{bin: "ssh", pkg: "openssh-client", why: "abox ssh and doctor's probes in the guest"},
 	{bin: "tcpdump", pkg: "tcpdump", why: "abox tap"},

@@ -262,7 +262,8 @@ func hostfwChecks(ctx context.Context, in Instance, r *Report) {
 		c.Status, c.Detail = Fail, strings.Join(fs.Problems, "; ")
 	default:
 		c.Status, c.Fix = Pass, ""
-		c.Detail = strings.Join([]string{hostfw.ChainName(st.Bridge), hostfw.InputChainName(st.Bridge), hostfw.OutputChainName(st.Bridge)}, ", ") + " intact, jumped to first"
+		c.Detail = strings.Join([]string{hostfw.ChainName(st.Bridge), hostfw.InputChainName(st.Bridge), hostfw.OutputChainName(st.Bridge)}, ", ") + " intact, jumped to first; " +
+			"nftables table ip " + hostfw.AnswerTableName(st.Bridge) + " answers refused flows"
 	}
 	r.add(c)
 	p := Check{Layer: "hostfw", Name: "guest's tap on its bridge", Fix: "abox restart " + st.Name + " (the guard puts the tap back within its round: if it did not, the supervisor is down; see " + in.Files.DaemonLog + ")"}

@@ -3,7 +3,8 @@
 // that lets the host send into the bridge only replies and new SSH
 // connections (IPv4) or nothing (IPv6), and an INPUT chain that lets the
 // guest, from its own address only, reach on the host only the gateway's
-// DNS (UDP and TCP), proxy and ICMP echo, plus replies (IPv4), or nothing (IPv6).
+// DNS (UDP and TCP), proxy and ICMP echo, plus replies (IPv4), or nothing (IPv6);
+// and an nftables table that answers the guest's refused TCP and UDP at once.
 package hostfw
 
 import (
@@ -444,6 +445,9 @@ func (f *Firewall) Ensure(ctx context.Context, b Bridge) error {
 			}
 		}
 	}
+	if err := f.ensureAnswer(ctx, b); err != nil {
+		return fmt.Errorf("ensuring host firewall: %w", err)
+	}
 	return nil
 }
 
@@ -541,6 +545,9 @@ func (f *Firewall) Remove(ctx context.Context, bridge string) error {
 		return fmt.Errorf("removing host firewall: %w", err)
 	}
 	var errs []error
+	if err := f.removeAnswer(ctx, bridge); err != nil {
+		errs = append(errs, fmt.Errorf("removing host firewall: %w", err))
+	}
 	for _, tool := range f.tools {
 		if err := f.removeTapDrops(ctx, tool, bridge); err != nil {
 			errs = append(errs, fmt.Errorf("removing %s tap drops of %s: %w", tool, bridge, err))
@@ -650,5 +657,10 @@ func (f *Firewall) Check(ctx context.Context, b Bridge) (Status, error) {
 			}
 		}
 	}
+	ps, err := f.checkAnswer(ctx, b)
+	if err != nil {
+		return st, fmt.Errorf("checking host firewall: %w", err)
+	}
+	st.Problems = append(st.Problems, ps...)
 	return st, nil
 }

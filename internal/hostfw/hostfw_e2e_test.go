@@ -49,7 +49,7 @@ func (r *recorder) RunInput(ctx context.Context, input []byte, name string, args
 // them, repairs them and removes them.
 func TestE2EInNamespace(t *testing.T) {
 	need.Root(t, "network namespaces and iptables")
-	for _, tool := range []string{"ip", "iptables", "ip6tables"} {
+	for _, tool := range []string{"ip", "iptables", "ip6tables", "nft"} {
 		need.Program(t, tool)
 	}
 	ctx := context.Background()
@@ -82,7 +82,7 @@ func TestE2EInNamespace(t *testing.T) {
 		t.Fatalf("second Ensure: %v", err)
 	}
 	for _, c := range rec.cmds {
-		if !strings.Contains(c, " -S ") && !strings.Contains(c, " -C ") && !strings.HasPrefix(c, "sysctl -n ") {
+		if !strings.Contains(c, " -S ") && !strings.Contains(c, " -C ") && !strings.HasPrefix(c, "sysctl -n ") && !strings.HasPrefix(c, "nft list ") {
 			t.Errorf("second Ensure changed something: %s", c)
 		}
 	}
@@ -190,7 +190,7 @@ func TestE2EInNamespace(t *testing.T) {
 // through), and everything works again after Remove.
 func TestE2EForwardedTrafficDropped(t *testing.T) {
 	need.Root(t, "network namespaces and iptables")
-	for _, tool := range []string{"ip", "iptables", "ip6tables", "python3", "bash", "timeout"} {
+	for _, tool := range []string{"ip", "iptables", "ip6tables", "nft", "python3", "bash", "timeout"} {
 		need.Program(t, tool)
 	}
 	ctx := context.Background()
@@ -279,7 +279,7 @@ func TestE2EForwardedTrafficDropped(t *testing.T) {
 // port 8080 is reachable again, which shows the chain was what stopped it.
 func TestE2EHostToGuest(t *testing.T) {
 	need.Root(t, "network namespaces and iptables")
-	for _, tool := range []string{"ip", "iptables", "ip6tables", "python3", "bash", "timeout", "head"} {
+	for _, tool := range []string{"ip", "iptables", "ip6tables", "nft", "python3", "bash", "timeout", "head"} {
 		need.Program(t, tool)
 	}
 	ctx := context.Background()
@@ -406,7 +406,7 @@ func TestE2EHostToGuest(t *testing.T) {
 // which shows the chain was what stopped it.
 func TestE2EGuestToHost(t *testing.T) {
 	need.Root(t, "network namespaces and iptables")
-	for _, tool := range []string{"ip", "iptables", "ip6tables", "python3", "bash", "timeout", "head"} {
+	for _, tool := range []string{"ip", "iptables", "ip6tables", "nft", "python3", "bash", "timeout", "head"} {
 		need.Program(t, tool)
 	}
 	ctx := context.Background()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -44,6 +45,7 @@ func (e exitErr) ExitCode() int { return int(e) }
 type fakeTables struct {
 	chains map[string]map[string][]string // tool -> chain -> rules ("-A chain ...")
 	sysctl map[string]string              // key (slash form) -> value; unset keys read "0"
+	nft    map[string]string              // nftables table (family ip) -> as nft list table prints it
 	log    []string
 	fail   string // a command prefix that fails with exit status 4
 	// after, if set, is called after every command that succeeded, with
@@ -52,7 +54,7 @@ type fakeTables struct {
 }
 
 func newFakeTables() *fakeTables {
-	f := &fakeTables{chains: map[string]map[string][]string{}, sysctl: map[string]string{}}
+	f := &fakeTables{chains: map[string]map[string][]string{}, sysctl: map[string]string{}, nft: map[string]string{}}
 	for _, tool := range []string{"iptables", "ip6tables"} {
 		f.chains[tool] = map[string][]string{
 			"FORWARD": {"-A FORWARD -j LIBVIRT_FWX"},
@@ -71,6 +73,9 @@ func (f *fakeTables) Run(_ context.Context, name string, args ...string) ([]byte
 	}
 	if name == "sysctl" {
 		return f.doSysctl(args)
+	}
+	if name == "nft" {
+		return f.doNft(args)
 	}
 	if len(args) < 4 || args[0] != "-w" || args[2] != "-t" || args[3] != "mangle" {
 		return nil, errors.New("fake: want -w N -t mangle")
@@ -161,6 +166,9 @@ func (f *fakeTables) RunInput(_ context.Context, input []byte, name string, args
 	if f.fail != "" && strings.HasPrefix(cmd, f.fail) {
 		return nil, fmt.Errorf("%s: %w", cmd, exitErr(4))
 	}
+	if name == "nft" {
+		return nil, f.nftScript(args, string(input))
+	}
 	tool, ok := strings.CutSuffix(name, "-restore")
 	if !ok || f.chains[tool] == nil {
 		return nil, fmt.Errorf("fake: no input for %s", name)
@@ -201,6 +209,50 @@ func (f *fakeTables) RunInput(_ context.Context, input []byte, name string, args
 		f.after(tool, append([]string{"COMMIT"}, lines...))
 	}
 	return nil, nil
+}
+
+// doNft plays `nft list tables ip`, `nft list table ip NAME` and `nft
+// delete table ip NAME`.
+func (f *fakeTables) doNft(args []string) ([]byte, error) {
+	switch cmd := strings.Join(args, " "); {
+	case cmd == "list tables ip":
+		var out []string
+		for _, name := range slices.Sorted(maps.Keys(f.nft)) {
+			out = append(out, "table ip "+name)
+		}
+		return []byte(strings.Join(out, "\n") + "\n"), nil
+	case strings.HasPrefix(cmd, "list table ip "), strings.HasPrefix(cmd, "delete table ip "):
+		name := args[len(args)-1]
+		text, ok := f.nft[name]
+		if !ok {
+			return nil, exitErr(1)
+		}
+		if args[0] == "delete" {
+			delete(f.nft, name)
+			return nil, nil
+		}
+		return []byte(text), nil
+	}
+	return nil, fmt.Errorf("fake: nft %q", args)
+}
+
+// nftScript plays `nft -f -` with the one script shape hostfw writes:
+// create the table, delete it and define it whole, as one transaction.
+func (f *fakeTables) nftScript(args []string, script string) error {
+	if !slices.Equal(args, []string{"-f", "-"}) {
+		return fmt.Errorf("fake: nft %q", args)
+	}
+	first, rest, _ := strings.Cut(script, "\n")
+	name, ok := strings.CutPrefix(first, "table ip ")
+	if !ok {
+		return fmt.Errorf("fake: nft script %q", script)
+	}
+	body, ok := strings.CutPrefix(rest, "delete table ip "+name+"\n")
+	if !ok || !strings.HasPrefix(body, "table ip "+name+" {\n") || !strings.HasSuffix(body, "}\n") {
+		return fmt.Errorf("fake: nft script %q does not replace table %s whole", script, name)
+	}
+	f.nft[name] = body
+	return nil
 }
 
 // doSysctl plays `sysctl -n KEY...` and `sysctl -q -w KEY=VALUE...`.
@@ -274,8 +326,8 @@ func TestEnsureCheckRemove(t *testing.T) {
 	if err != nil || st.Intact() {
 		t.Fatalf("Check before Ensure = %+v, %v; want not intact", st, err)
 	}
-	if len(st.Problems) != 8 {
-		t.Errorf("Check before Ensure: %d problems, want one per chain and tool and two ARP switches: %q", len(st.Problems), st.Problems)
+	if len(st.Problems) != 9 {
+		t.Errorf("Check before Ensure: %d problems, want one per chain and tool, two ARP switches and the answer table: %q", len(st.Problems), st.Problems)
 	}
 	tables.log = nil
 
@@ -322,7 +374,7 @@ func TestEnsureCheckRemove(t *testing.T) {
 	}
 	golden(t, "ensure-again.cmds", strings.Join(tables.log, "\n")+"\n")
 	for _, c := range tables.log {
-		if !strings.Contains(c, " -C ") && !strings.Contains(c, " -S ") && !strings.HasPrefix(c, "sysctl -n ") {
+		if !strings.Contains(c, " -C ") && !strings.Contains(c, " -S ") && !strings.HasPrefix(c, "sysctl -n ") && !strings.HasPrefix(c, "nft list ") {
 			t.Errorf("idempotent Ensure changed something: %s", c)
 		}
 	}
@@ -511,8 +563,11 @@ func TestEnsureFollowsProxyPortAndGateway(t *testing.T) {
 	}
 	moved := Bridge{Name: br, Gateway: netip.MustParseAddr("10.10.9.1"), ProxyPort: 8888, Guest: netip.MustParseAddr("10.10.9.10")}
 	st, err := fw.Check(ctx, moved)
-	if err != nil || len(st.Problems) != 1 || !strings.HasPrefix(st.Problems[0], "iptables: chain "+inChain+" holds") {
-		t.Fatalf("Check for another gateway and port = %q, %v; want the input chain reported", st.Problems, err)
+	// The gateway, guest and proxy port are in the input chain and the
+	// answer table.
+	if err != nil || len(st.Problems) != 2 || !strings.HasPrefix(st.Problems[0], "iptables: chain "+inChain+" holds") ||
+		!strings.HasPrefix(st.Problems[1], "nft: table ip "+AnswerTableName(br)+" holds") {
+		t.Fatalf("Check for another gateway and port = %q, %v; want the input chain and the answer table reported", st.Problems, err)
 	}
 	tables.after = safetyChecker(t, tables, moved)
 	if err := fw.Ensure(ctx, moved); err != nil {

@@ -34,7 +34,7 @@ const (
 func newLimitsLab(t *testing.T) *limitsLab {
 	t.Helper()
 	need.Root(t, "network namespaces and iptables")
-	for _, tool := range []string{"ip", "iptables", "ip6tables", "python3", "sysctl"} {
+	for _, tool := range []string{"ip", "iptables", "ip6tables", "nft", "python3", "sysctl"} {
 		need.Program(t, tool)
 	}
 	id := os.Getpid()
