@@ -264,13 +264,13 @@ func TestGuestProbes(t *testing.T) {
 		case strings.HasPrefix(p.name, "metadata"):
 			return 0, "HTTP/1.1 403 Forbidden x-abox-reason: metadata"
 		case strings.HasPrefix(p.name, "third-party"):
-			return 9, ";; connection timed out; no servers could be reached"
+			return 9, ";; communications error to 1.1.1.1#53: host unreachable"
 		case strings.HasPrefix(p.name, "ping"):
 			return 1, "1 packets transmitted, 0 received"
 		case strings.HasPrefix(p.name, "guest tools"):
 			return 0, "missing:"
 		}
-		return 28, "curl: (28) Connection timed out"
+		return 7, "curl: (7) Failed to connect to 1.1.1.1 port 80 after 0 ms: Couldn't connect to server"
 	}
 	run := func(mod func(i int, p probe) string) Report {
 		in.Guest = func(ctx context.Context, _ string) ([]byte, error) {
@@ -313,6 +313,24 @@ func TestGuestProbes(t *testing.T) {
 		if f := failures(r); len(f) != 1 || f[0] != "guest/"+p.name {
 			t.Errorf("leaking %q: failures %q", p.name, f)
 		}
+	}
+	// A refused flow that hangs instead of being answered (the answer
+	// table gone) is a warning, not an isolation failure.
+	r = run(func(j int, q probe) string {
+		rc, o := good(q)
+		if rc == 7 {
+			rc, o = 28, "curl: (28) Connection timed out"
+		}
+		return fmt.Sprintf("%d\t%d\t%s", j, rc, o)
+	})
+	warned := 0
+	for _, c := range r.Checks {
+		if c.Status == Warn {
+			warned++
+		}
+	}
+	if f := failures(r); len(f) != 0 || warned == 0 {
+		t.Errorf("dropped without an answer: failures %q, %d warnings; want warnings only", f, warned)
 	}
 	// A probe that never reports fails; no output at all is an ssh failure.
 	r = run(func(j int, q probe) string {
