@@ -74,6 +74,7 @@ func TestE2ELifecycle(t *testing.T) {
 	// An overlay on a base, as an instance's disk is (snapshots must
 	// never write the base).
 	base := filepath.Join(dir, "base.qcow2")
+	p.BackingPath = base // the one backing file a revert's definition may name
 	run(t, "qemu-img", "create", "-q", "-f", "qcow2", base, "64M")
 	run(t, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base, p.DiskPath, "64M")
 	if err := os.WriteFile(filepath.Join(dir, "meta-data"), []byte("instance-id: x\n"), 0o644); err != nil {
