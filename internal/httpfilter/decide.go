@@ -43,6 +43,9 @@ type decision struct {
 	// target the path and query to send upstream in its canonical form.
 	req    reqrules.Decision
 	target reqrules.Target
+	// canonical: target is sent in its canonical form although the host
+	// has no rules (a secret's binding decided on it; see applySecrets).
+	canonical bool
 	// list and mode are the policy the name and rules were decided with.
 	list *allowlist.List
 	mode policy.Mode

@@ -48,8 +48,9 @@ type fwdState struct {
 	scheme      string
 	defaultPort uint16
 	rec         *record
-	// ruled: the host has request rules, and target is the path and
-	// query they decided, sent in that form (Target.SetURL).
+	// ruled: the host has request rules (or a secret's binding decided
+	// the request), and target is the path and query they decided, sent
+	// in that form (Target.SetURL).
 	ruled  bool
 	target reqrules.Target
 	sent   atomic.Int64 // request body bytes sent upstream
@@ -211,7 +212,7 @@ func (p *Proxy) serveForward(ctx context.Context, w http.ResponseWriter, r *http
 	if !p.applySecrets(ctx, w, r, rec, t, scheme, &d) {
 		return
 	}
-	st := &fwdState{checked: d.checked, scheme: scheme, defaultPort: defPort, rec: rec, ruled: d.rules != nil, target: d.target}
+	st := &fwdState{checked: d.checked, scheme: scheme, defaultPort: defPort, rec: rec, ruled: d.rules != nil || d.canonical, target: d.target}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: relayUpload(r), n: &st.sent}
 	}

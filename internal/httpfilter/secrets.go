@@ -57,10 +57,15 @@ func (p *Proxy) applySecrets(ctx context.Context, w http.ResponseWriter, r *http
 	if pol.Empty() {
 		return true
 	}
+	// A binding's rules decide on the canonical path and query; when the
+	// host has no rules of its own, the request that gets a value is sent
+	// in that form too (below), so that no spelling of another path
+	// (dot segments, empty ones, encoded dots) reads as the bound one to
+	// the binding and as another to the origin.
 	target := d.target
 	if d.rules == nil {
 		path, query := SplitTarget(r.RequestURI)
-		target = reqrules.NewTarget(path, query, false)
+		target = reqrules.NewTarget(path, query, true)
 	}
 	sent := r.Header.Clone()
 	keepTE := httpguts.HeaderValuesContainsToken(sent["Te"], "trailers")
@@ -88,6 +93,9 @@ func (p *Proxy) applySecrets(ctx context.Context, w http.ResponseWriter, r *http
 	}
 	if len(sd.Inject) == 0 {
 		return true
+	}
+	if d.rules == nil {
+		d.target, d.canonical = target, true
 	}
 	names := strings.Join(sd.Secrets(), ",")
 	if sc, _ := ctx.Value(scopeKey{}).(*scope); sc != nil && sc.keys != nil && !sc.keys.inject() {

@@ -25,6 +25,7 @@ type tokenOrigin struct {
 	want  string
 	got   [][]string // the Authorization values of every request read
 	proto []string
+	uris  []string // the request-targets read
 }
 
 func (o *tokenOrigin) setWant(v string) {
@@ -39,6 +40,7 @@ func (o *tokenOrigin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	auth := r.Header.Values("Authorization")
 	o.got = append(o.got, auth)
 	o.proto = append(o.proto, r.Proto)
+	o.uris = append(o.uris, r.RequestURI)
 	ok := len(auth) == 1 && auth[0] == "Bearer "+o.want
 	o.mu.Unlock()
 	if !ok {
@@ -434,5 +436,37 @@ func TestSecretKeysLoggedBeforeBinding(t *testing.T) {
 	}
 	if got := o.take(); len(got) != 0 {
 		t.Errorf("the origin read %q", got)
+	}
+}
+
+// TestSecretBindingRulesDecideTheSentPath: a binding's rules on a host
+// without request rules of its own decide the canonical path, so the
+// request that gets the value goes upstream in that form: spelled with
+// dot segments, empty segments or encoded dots, it would otherwise read
+// as another path to an origin that resolves them (/admin//../repos/me/x
+// is /admin/repos/me/x to RFC 3986, /repos/me/x to the rules).
+func TestSecretBindingRulesDecideTheSentPath(t *testing.T) {
+	f := newSecretsFixture(t, "PUT /repos/me/**")
+	for _, h2 := range []bool{false, true} {
+		c := f.h.client(h2)
+		for _, p := range []string{"/admin//../repos/me/x", "/repos/victim/repo/contents//..//..//..//../repos/me/x", "/admin/%2e%2e/repos/me/x", "/repos/me/x?b=%41&a=1"} {
+			f.api.mu.Lock()
+			f.api.uris = nil
+			f.api.mu.Unlock()
+			resp, body := f.do(t, c, "PUT", "https://api.test:"+f.apiPort+p, "Bearer "+f.ph, "")
+			f.api.mu.Lock()
+			uris := f.api.uris
+			f.api.mu.Unlock()
+			if resp.StatusCode == http.StatusForbidden {
+				continue // refused: nothing reached the origin with the value
+			}
+			want := "/repos/me/x"
+			if strings.Contains(p, "?") {
+				want = "/repos/me/x?b=A&a=1"
+			}
+			if resp.StatusCode != 200 || len(uris) != 1 || uris[0] != want {
+				t.Errorf("h2 %v: PUT %s = %d %q, origin read %q; want %s, the form the binding decided", h2, p, resp.StatusCode, body, uris, want)
+			}
+		}
 	}
 }
