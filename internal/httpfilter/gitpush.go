@@ -19,14 +19,16 @@ import (
 const maxPushDrain = 64 << 20
 
 // holdPush holds a git push to a host with push rules (docs/gitpush.md):
-// a POST to git-receive-pack has its command section read before anything
+// a POST (any method but GET and HEAD) to git-receive-pack has its command section read before anything
 // goes upstream, and is refused unless every ref update it asks for is
 // allowed. It returns true when it answered r; else r goes on, its body
 // replayed whole from the first byte. serveForward calls it once the host
 // and the request rules allowed r.
 func (p *Proxy) holdPush(w http.ResponseWriter, r *http.Request, rec *record, d decision) bool {
 	set := d.list.Push(d.rule)
-	if set == nil || r.Method != http.MethodPost || !receivePack(r.RequestURI) {
+	// Every method but a read is held: an origin may route "post" (or any
+	// other spelling) to receive-pack as it does POST.
+	if set == nil || r.Method == http.MethodGet || r.Method == http.MethodHead || !receivePack(r.RequestURI) {
 		return false
 	}
 	rec.ruleSet = set.Name()

@@ -3,6 +3,7 @@ package httpfilter
 import (
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/cgi"
 	"os"
@@ -249,5 +250,33 @@ func TestGitPushLarge(t *testing.T) {
 	}
 	if got := g.refs(t); got != "refs/heads/agent/big\n" {
 		t.Errorf("the repository holds %q, want agent/big alone", got)
+	}
+}
+
+// TestGitPushAnyMethodHeld: a push is held whatever the method is spelled
+// as ("post", PUT): an origin may route them to receive-pack as it does
+// POST. Only GET and HEAD (discovery) go on unread.
+func TestGitPushAnyMethodHeld(t *testing.T) {
+	h := newHarness(t, hopts{allow: []string{"code.test", "code.test push refs/heads/agent/*"}})
+	g := newGitHost(t)
+	srv := newHTTPSOrigin(t, g.handler())
+	pt := port(t, srv)
+	h.allowOrigin("code.test", srv, pt)
+	line := strings.Repeat("0", 40) + " " + strings.Repeat("a", 40) + " refs/heads/main\x00 report-status\n"
+	body := fmt.Sprintf("%04x", len(line)+4) + line + "0000"
+	for _, m := range []string{"post", "PUT", "Post"} {
+		req, err := http.NewRequest(m, "https://code.test:"+pt+"/app.git/git-receive-pack", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/x-git-receive-pack-request")
+		resp, err := h.client(false).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.Header.Get("X-Abox-Reason") == "" {
+			t.Errorf("%s of a push to main: %d without an abox refusal; want it held to the push rules", m, resp.StatusCode)
+		}
 	}
 }
