@@ -34,6 +34,8 @@ const (
 	WhereBody  = "body"
 	// A header is "header " + its canonical name.
 	whereHeader = "header "
+	// whereHeaderName is a placeholder found as a header's name.
+	whereHeaderName = "a header name"
 )
 
 // Why a binding does not cover a request (Decision.Detail).
@@ -355,7 +357,9 @@ func (p *Policy) scan(r *Request) []found {
 	sort.Strings(keys)
 	for _, k := range keys {
 		where := whereHeader + http.CanonicalHeaderKey(k)
-		add(where, k)
+		// A placeholder as the name itself is reported without the
+		// name: a Decision is logged whole and names no placeholder.
+		add(whereHeaderName, k)
 		for _, v := range r.Header[k] {
 			add(where, v)
 			if scheme, cred, ok := strings.Cut(strings.TrimSpace(v), " "); ok && strings.EqualFold(scheme, "basic") {

@@ -104,7 +104,7 @@ func (f *fixture) request(t testing.TB, r reqSpec) *Request {
 	}
 	h := http.Header{}
 	for k, v := range r.header {
-		v = f.expand(v)
+		k, v = f.expand(k), f.expand(v)
 		if strings.HasPrefix(v, "basic(") {
 			v = "Basic " + base64.StdEncoding.EncodeToString([]byte(strings.TrimSuffix(strings.TrimPrefix(v, "basic("), ")")))
 		}
@@ -164,6 +164,9 @@ func TestDecide(t *testing.T) {
 		{name: "plain http without placeholder passes untouched",
 			req: reqSpec{url: "http://api.example.com:443/v1/chat", plain: true}},
 
+		{name: "placeholder as a header's name, reported without it",
+			req:    reqSpec{url: "https://evil.example.com/v1/chat", header: map[string]string{"ph(TOK)": "1"}},
+			reason: ReasonSecretLeak, secret: "TOK", where: "a header name", detail: DetailNotBound},
 		{name: "placeholder to another host",
 			req:    reqSpec{url: "https://evil.example.com/v1/chat", header: map[string]string{auth: "Bearer ph(TOK)"}},
 			reason: ReasonSecretLeak, secret: "TOK", where: "header Authorization", detail: DetailNotBound},
