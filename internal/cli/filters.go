@@ -40,6 +40,19 @@ func (e *env) apiClient(name string) (*api.Client, error) {
 }
 
 // notRunningHint turns "nothing on the socket" into advice.
+// apiRun is the RunE of a command on the running filters of the instance
+// its first argument names: run gets that instance's API client, and an
+// error saying the filters are not running gets the hint to start them.
+func apiRun(e *env, run func(cmd *cobra.Command, c *api.Client, name string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, err := e.apiClient(args[0])
+		if err != nil {
+			return err
+		}
+		return notRunningHint(args[0], run(cmd, c, args[0]))
+	}
+}
+
 func notRunningHint(name string, err error) error {
 	if errors.Is(err, api.ErrNotRunning) {
 		return withHint(fmt.Errorf("instance %s: %w", name, err), fmt.Sprintf("start it with `abox start %s` (or run `abox dns serve --name %s` for a standalone filter)", name, name))
@@ -65,18 +78,14 @@ func newComponentStatusCmd(e *env, component string) *cobra.Command {
 		Use:   "status NAME",
 		Short: fmt.Sprintf("Show the %s filter's mode, allowlist and counters", component),
 		Args:  exactArgs(1, "an instance NAME"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := e.apiClient(args[0])
+		RunE: apiRun(e, func(cmd *cobra.Command, c *api.Client, name string) error {
+			st, err := c.Status(cmd.Context())
 			if err != nil {
 				return err
 			}
-			st, err := c.Status(cmd.Context())
-			if err != nil {
-				return notRunningHint(args[0], err)
-			}
 			stats, ok := st.Components[component]
 			if !ok {
-				return fmt.Errorf("instance %s runs no %s filter", args[0], component)
+				return fmt.Errorf("instance %s runs no %s filter", name, component)
 			}
 			if asJSON {
 				return writeJSON(e.stdout, map[string]any{
@@ -85,7 +94,7 @@ func newComponentStatusCmd(e *env, component string) *cobra.Command {
 			}
 			renderStatus(e.stdout, st, component, stats)
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
@@ -290,14 +299,10 @@ to allowing everything).`,
 		Use:   "list NAME",
 		Short: "Print the allowlist in force, a line per rule",
 		Args:  exactArgs(1, "an instance NAME"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := e.apiClient(args[0])
-			if err != nil {
-				return err
-			}
+		RunE: apiRun(e, func(cmd *cobra.Command, c *api.Client, name string) error {
 			b, err := c.Allowlist(cmd.Context())
 			if err != nil {
-				return notRunningHint(args[0], err)
+				return err
 			}
 			if listJSON {
 				return writeJSON(e.stdout, b)
@@ -310,25 +315,21 @@ to allowing everything).`,
 				fmt.Fprintln(e.stdout, termtext.Clean(s))
 			}
 			return nil
-		},
+		}),
 	}
 	list.Flags().BoolVar(&listJSON, "json", false, "print JSON")
 	reload := &cobra.Command{
 		Use:   "reload NAME",
 		Short: "Re-read the allowlist file now",
 		Args:  exactArgs(1, "an instance NAME"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := e.apiClient(args[0])
+		RunE: apiRun(e, func(cmd *cobra.Command, c *api.Client, name string) error {
+			st, err := c.Reload(cmd.Context())
 			if err != nil {
 				return err
 			}
-			st, err := c.Reload(cmd.Context())
-			if err != nil {
-				return notRunningHint(args[0], err)
-			}
 			fmt.Fprintf(e.stderr, "reloaded %s: %d entries\n", st.Path, st.Entries)
 			return nil
-		},
+		}),
 	}
 	cmd.AddCommand(add, remove, list, reload, newAllowlistEditCmd(e), newAllowlistCheckCmd(e), newAllowlistPresetsCmd(e))
 	return cmd
@@ -570,17 +571,13 @@ Never use passive mode with untrusted workloads. A restarted filter comes back a
 		Use:   "clear NAME",
 		Short: "Forget the recorded names",
 		Args:  exactArgs(1, "an instance NAME"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := e.apiClient(args[0])
-			if err != nil {
+		RunE: apiRun(e, func(cmd *cobra.Command, c *api.Client, name string) error {
+			if err := c.ClearProfile(cmd.Context()); err != nil {
 				return err
 			}
-			if err := c.ClearProfile(cmd.Context()); err != nil {
-				return notRunningHint(args[0], err)
-			}
-			fmt.Fprintf(e.stderr, "%s: profile cleared\n", args[0])
+			fmt.Fprintf(e.stderr, "%s: profile cleared\n", name)
 			return nil
-		},
+		}),
 	}
 	profile.AddCommand(show, export, clear)
 	cmd.AddCommand(filter, profile)
@@ -608,16 +605,12 @@ func newAllowlistEditCmd(e *env) *cobra.Command {
 		Use:   "edit NAME",
 		Short: "Edit the allowlist in $EDITOR; it is applied only if every line is valid",
 		Args:  exactArgs(1, "an instance NAME"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := e.apiClient(args[0])
-			if err != nil {
-				return err
-			}
+		RunE: apiRun(e, func(cmd *cobra.Command, c *api.Client, name string) error {
 			// The text in force, which is the file's unless a change
 			// could not be saved.
 			cur, err := c.AllowlistText(cmd.Context())
 			if err != nil {
-				return notRunningHint(args[0], err)
+				return err
 			}
 			orig := []byte(cur.Text)
 			tmp, err := os.CreateTemp("", "abox-allowlist-*.txt")
@@ -664,7 +657,7 @@ func newAllowlistEditCmd(e *env) *cobra.Command {
 				fmt.Fprintf(e.stderr, "applied %s: %d entries\n", st.Path, st.Entries)
 				return nil
 			}
-		},
+		}),
 	}
 }
 

@@ -49,86 +49,70 @@ comes back active, and the record is lost with it.`,
 		Use:   "start NAME",
 		Short: "Put the instance's filters in learn mode",
 		Args:  exactArgs(1, "an instance NAME"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := e.apiClient(args[0])
-			if err != nil {
-				return err
-			}
+		RunE: apiRun(e, func(cmd *cobra.Command, c *api.Client, name string) error {
 			if reset {
 				if err := c.ClearLearned(cmd.Context()); err != nil {
-					return notRunningHint(args[0], err)
+					return err
 				}
 			}
 			if err := c.SetMode(cmd.Context(), policy.Learn); err != nil {
-				return notRunningHint(args[0], err)
+				return err
 			}
-			fmt.Fprintf(e.stderr, "%s: learning: names not on the allowlist are allowed and every request is recorded; IP literals, private addresses and special-use names stay refused\n", args[0])
-			fmt.Fprintf(e.stderr, "run the workload, then: abox net propose %s (and abox net learn stop %s)\n", args[0], args[0])
+			fmt.Fprintf(e.stderr, "%s: learning: names not on the allowlist are allowed and every request is recorded; IP literals, private addresses and special-use names stay refused\n", name)
+			fmt.Fprintf(e.stderr, "run the workload, then: abox net propose %s (and abox net learn stop %s)\n", name, name)
 			return nil
-		},
+		}),
 	}
 	start.Flags().BoolVar(&reset, "reset", false, "forget what an earlier learning session recorded first")
 	stop := &cobra.Command{
 		Use:   "stop NAME",
 		Short: "End learn mode: the filters enforce the allowlist again (the record stays)",
 		Args:  exactArgs(1, "an instance NAME"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := e.apiClient(args[0])
+		RunE: apiRun(e, func(cmd *cobra.Command, c *api.Client, name string) error {
+			m, err := c.Mode(cmd.Context())
 			if err != nil {
 				return err
 			}
-			m, err := c.Mode(cmd.Context())
-			if err != nil {
-				return notRunningHint(args[0], err)
-			}
 			if m != policy.Learn {
-				return withHint(fmt.Errorf("instance %s is not learning (its filters are %s); nothing changed", args[0], m),
-					fmt.Sprintf("abox net filter %s active sets active mode", args[0]))
+				return withHint(fmt.Errorf("instance %s is not learning (its filters are %s); nothing changed", name, m),
+					fmt.Sprintf("abox net filter %s active sets active mode", name))
 			}
 			if err := c.SetMode(cmd.Context(), policy.Active); err != nil {
-				return notRunningHint(args[0], err)
+				return err
 			}
-			fmt.Fprintf(e.stderr, "%s: filter mode active; the record stays for abox net propose %s\n", args[0], args[0])
+			fmt.Fprintf(e.stderr, "%s: filter mode active; the record stays for abox net propose %s\n", name, name)
 			return nil
-		},
+		}),
 	}
 	var showJSON bool
 	show := &cobra.Command{
 		Use:   "show NAME",
 		Short: "List what learn mode recorded",
 		Args:  exactArgs(1, "an instance NAME"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := e.apiClient(args[0])
-			if err != nil {
-				return err
-			}
+		RunE: apiRun(e, func(cmd *cobra.Command, c *api.Client, name string) error {
 			rec, err := c.Learned(cmd.Context())
 			if err != nil {
-				return notRunningHint(args[0], err)
+				return err
 			}
 			if showJSON {
 				return writeJSON(e.stdout, rec)
 			}
 			renderLearned(e, rec)
 			return nil
-		},
+		}),
 	}
 	show.Flags().BoolVar(&showJSON, "json", false, "print JSON")
 	clear := &cobra.Command{
 		Use:   "clear NAME",
 		Short: "Forget what learn mode recorded",
 		Args:  exactArgs(1, "an instance NAME"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := e.apiClient(args[0])
-			if err != nil {
+		RunE: apiRun(e, func(cmd *cobra.Command, c *api.Client, name string) error {
+			if err := c.ClearLearned(cmd.Context()); err != nil {
 				return err
 			}
-			if err := c.ClearLearned(cmd.Context()); err != nil {
-				return notRunningHint(args[0], err)
-			}
-			fmt.Fprintf(e.stderr, "%s: learning record cleared\n", args[0])
+			fmt.Fprintf(e.stderr, "%s: learning record cleared\n", name)
 			return nil
-		},
+		}),
 	}
 	learn.AddCommand(start, stop, show, clear)
 	return []*cobra.Command{learn, newProposeCmd(e)}
