@@ -71,6 +71,7 @@ type Env struct {
 	Startup   time.Duration // from starting libvirtd to its answering an API call
 
 	logf func(format string, args ...any)
+	lock *os.File // flock held for the environment's life: one run per name
 }
 
 // NetnsName returns the namespace name Start uses for name.
@@ -105,6 +106,22 @@ func Start(ctx context.Context, name string, opts Options) (_ *Env, err error) {
 		logf:   logf,
 	}
 	e.URI = "qemu+unix:///system?socket=" + e.Socket
+
+	// Two runs of one name would tear each other's guests down: the
+	// second waits for the first instead.
+	if err := os.MkdirAll(opts.StateRoot, 0o755); err != nil {
+		return nil, fmt.Errorf("starting e2e environment %s: %w", ns, err)
+	}
+	lock, err := lockName(ctx, filepath.Join(opts.StateRoot, ns+".lock"), logf)
+	if err != nil {
+		return nil, fmt.Errorf("starting e2e environment %s: %w", ns, err)
+	}
+	e.lock = lock
+	defer func() {
+		if err != nil {
+			lock.Close()
+		}
+	}()
 
 	if err := teardown(ctx, ns, dir, logf); err != nil {
 		return nil, fmt.Errorf("starting e2e environment %s: cleaning leftovers: %w", ns, err)
@@ -292,7 +309,41 @@ func (e *Env) LogDir() string { return filepath.Join(e.Dir, "log") }
 // daemons, the holder), the namespace with its bridges, and the state
 // directory. The capability cache is kept.
 func (e *Env) Close(ctx context.Context) error {
-	return teardown(ctx, e.Name, e.Dir, e.logf)
+	err := teardown(ctx, e.Name, e.Dir, e.logf)
+	if e.lock != nil {
+		e.lock.Close() // closing the descriptor drops the flock
+		e.lock = nil
+	}
+	return err
+}
+
+// lockName takes an exclusive flock on path, waiting (and saying so) while
+// another process holds it, until ctx ends.
+func lockName(ctx context.Context, path string, logf func(string, ...any)) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	for said := false; ; {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("locking %s: %w", path, err)
+		}
+		if !said {
+			logf("waiting for another run that holds %s", path)
+			said = true
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("another run holds %s (the same environment name): %w", path, ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // Cleanup tears down the environment called name under stateRoot (empty
