@@ -269,7 +269,7 @@ for with --reverse, and every start warns about it.`,
 			return tw.Flush()
 		},
 	}
-	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	jsonFlag(list.Flags(), &asJSON, "")
 	var runReverse bool
 	run := &cobra.Command{
 		Use:    "run NAME HOSTPORT:GUESTPORT",

@@ -48,7 +48,7 @@ appears only when complete. A running instance is refused: stop it first.`,
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "archive file to write (default NAME.abox; must not exist)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	jsonFlag(cmd.Flags(), &asJSON, "print the result as JSON")
 	return cmd
 }
 

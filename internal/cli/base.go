@@ -77,7 +77,7 @@ func newBaseCmd(e *env) *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	list.Flags().BoolVar(&listJSON, "json", false, "print JSON")
+	jsonFlag(list.Flags(), &listJSON, "")
 	importCmd := &cobra.Command{
 		Use:   "import NAME FILE",
 		Short: "Import a qcow2 or raw disk image as a base",
@@ -247,7 +247,7 @@ alone. abox base list says which bases were signature-checked.`,
 	pull.Flags().StringVar(&pullOpts.keyring, "keyring", "", "keyring file holding the key that signs a catalogue entry's checksum file (default: the distribution's keyring path)")
 	pull.Flags().BoolVar(&pullOpts.unsigned, "unsigned", false, "accept a signed catalogue entry's checksum file without checking its signature")
 	pull.Flags().BoolVar(&pullOpts.list, "list", false, "print the catalogue")
-	pull.Flags().BoolVar(&pullOpts.json, "json", false, "with --list, print JSON")
+	jsonFlag(pull.Flags(), &pullOpts.json, "with --list, print JSON")
 	var mirror, cacheDir, name string
 	build := &cobra.Command{
 		Use:   "build debian-12",

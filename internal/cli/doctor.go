@@ -45,7 +45,7 @@ fixes it. Exit status 1 when something abox needs is missing; warnings
 			return e.renderReport(r, asJSON)
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	jsonFlag(cmd.Flags(), &asJSON, "")
 	return cmd
 }
 
@@ -123,7 +123,7 @@ checks it cannot.`,
 		},
 	}
 	f := cmd.Flags()
-	f.BoolVar(&asJSON, "json", false, "print JSON")
+	jsonFlag(f, &asJSON, "")
 	f.BoolVar(&noGuest, "no-guest", false, "skip the probes from inside the guest")
 	f.StringVar(&probeIP, "probe-ip", doctor.DefaultProbeIP, "public address the guest must not reach directly")
 	f.StringVar(&probeResolver, "probe-resolver", doctor.DefaultProbeResolver, "third-party resolver the guest must not reach")

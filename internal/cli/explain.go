@@ -77,7 +77,7 @@ Exit status: 0 allowed, 3 refused, 1 on error.`,
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	jsonFlag(cmd.Flags(), &asJSON, "")
 	return cmd
 }
 

@@ -96,7 +96,7 @@ func newComponentStatusCmd(e *env, component string) *cobra.Command {
 			return nil
 		}),
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	jsonFlag(cmd.Flags(), &asJSON, "")
 	return cmd
 }
 
@@ -317,7 +317,7 @@ to allowing everything).`,
 			return nil
 		}),
 	}
-	list.Flags().BoolVar(&listJSON, "json", false, "print JSON")
+	jsonFlag(list.Flags(), &listJSON, "")
 	reload := &cobra.Command{
 		Use:   "reload NAME",
 		Short: "Re-read the allowlist file now",
@@ -438,7 +438,7 @@ what counts, and what trust is given to (docs/policy.md has each one's why).`,
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	jsonFlag(cmd.Flags(), &asJSON, "")
 	cmd.Flags().BoolVar(&asYAML, "yaml", false, "print the lines as abox.yaml allowlist items")
 	return cmd
 }
@@ -536,7 +536,7 @@ Never use passive mode with untrusted workloads. A restarted filter comes back a
 			return nil
 		},
 	}
-	show.Flags().BoolVar(&showJSON, "json", false, "print JSON")
+	jsonFlag(show.Flags(), &showJSON, "")
 	var out string
 	export := &cobra.Command{
 		Use:   "export NAME",

@@ -101,7 +101,7 @@ comes back active, and the record is lost with it.`,
 			return nil
 		}),
 	}
-	show.Flags().BoolVar(&showJSON, "json", false, "print JSON")
+	jsonFlag(show.Flags(), &showJSON, "")
 	clear := &cobra.Command{
 		Use:   "clear NAME",
 		Short: "Forget what learn mode recorded",
@@ -247,7 +247,7 @@ in that file, where abox trust reviews them as a widening.`,
 		},
 	}
 	cmd.Flags().BoolVarP(&apply, "apply", "w", false, "append the proposed lines to the instance's allowlist")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	jsonFlag(cmd.Flags(), &asJSON, "")
 	return cmd
 }
 

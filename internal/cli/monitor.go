@@ -169,7 +169,7 @@ func newMonitorStatusCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	jsonFlag(cmd.Flags(), &asJSON, "")
 	return cmd
 }
 
@@ -275,7 +275,7 @@ characters replaced, so no event can rewrite the terminal.`,
 	cmd.Flags().IntVarP(&n, "lines", "n", 100, "number of recent events")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new events")
 	cmd.Flags().StringVar(&typ, "type", "", "only events of this type: "+strings.Join(monitor.Types, ", "))
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
+	jsonFlag(cmd.Flags(), &asJSON, "print JSON lines")
 	return cmd
 }
 

@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/abox-dev/abox/internal/api"
 	"github.com/abox-dev/abox/internal/guest"
@@ -145,6 +146,7 @@ instance.`,
 		newSnapshotCmd(e),
 		newSecretCmd(e),
 	)
+	groupCommands(e, root)
 	return root
 }
 
@@ -176,7 +178,7 @@ func newVersionCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	jsonFlag(cmd.Flags(), &asJSON, "")
 	return cmd
 }
 
@@ -199,4 +201,13 @@ func exactArgs(n int, names string) cobra.PositionalArgs {
 		}
 		return nil
 	}
+}
+
+// jsonFlag declares a command's --json, the switch of every read command
+// to machine output; usage "" is the common "print JSON".
+func jsonFlag(fs *pflag.FlagSet, p *bool, usage string) {
+	if usage == "" {
+		usage = "print JSON"
+	}
+	fs.BoolVar(p, "json", false, usage)
 }

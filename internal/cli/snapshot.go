@@ -132,7 +132,7 @@ size of the memory saved, and which is current (the last taken or reverted to).`
 			return renderSnapshots(e.stdout, list)
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	jsonFlag(cmd.Flags(), &asJSON, "")
 	return cmd
 }
 
