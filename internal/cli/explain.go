@@ -199,6 +199,9 @@ func renderExplain(e *env, name string, r explain.Result) {
 			}
 		}
 	}
+	if p := r.Push; p != nil {
+		fmt.Fprintf(e.stdout, "  push rules of %s: push %s\n    %s\n", p.Set, p.Rules, p.Note)
+	}
 	if r.TLS != "" {
 		fmt.Fprintf(e.stdout, "  tls: %s\n", r.TLS)
 	}

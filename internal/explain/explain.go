@@ -15,6 +15,7 @@ import (
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/dnsfilter"
 	"github.com/abox-dev/abox/internal/egress"
+	"github.com/abox-dev/abox/internal/gitpush"
 	"github.com/abox-dev/abox/internal/httpfilter"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
@@ -63,6 +64,9 @@ type Result struct {
 	// Request is the request rules' answer when the entry that allowed the
 	// host has rules; nil when it has none (everything on it is allowed).
 	Request *Request `json:"request,omitempty"`
+	// Push is the entry's push rules when it has any: a push to the host
+	// is held and its refs decided by them.
+	Push *Push `json:"push,omitempty"`
 	// TLS says how an allowed HTTPS connection is carried.
 	TLS string `json:"tls,omitempty"`
 	// Verdict is the proxy's: whether the guest's request would go out.
@@ -86,6 +90,18 @@ type Request struct {
 	*reqrules.Decision
 	// Note says what a bare name's answer leaves open.
 	Note string `json:"note,omitempty"`
+}
+
+// Push says what the push rules of the entry that allowed the host do with
+// the request (gitpush.Held: the proxy's own test of what a push is).
+type Push struct {
+	// Rules lists the push rules; Set names their entry.
+	Rules string `json:"rules"`
+	Set   string `json:"set"`
+	// Held is true when the request is a push: its ref updates are read
+	// before anything goes upstream and decided by Rules.
+	Held bool   `json:"held"`
+	Note string `json:"note"`
 }
 
 // ErrTarget is returned for a target that is neither a host name, host:port,
@@ -190,6 +206,9 @@ func Explain(p Policy, method, target string) (Result, error) {
 		if set := p.List.Rules(d.Rule); set != nil && d.Verdict == allowlist.Allow {
 			r.Request = request(&r.Proxy, set, r.Mode, method, target)
 		}
+		if set := p.List.Push(d.Rule); set != nil && r.Proxy.Verdict == allowlist.Allow {
+			r.Push = push(set, method, target)
+		}
 	}
 	if r.Proxy.Verdict == allowlist.Allow && r.Proxy.Reason != policy.ReasonHealthcheck && !portOK {
 		r.Proxy = Step{Verdict: allowlist.Block, Reason: httpfilter.ReasonPortNotAllowed, Rule: r.Proxy.Rule,
@@ -233,6 +252,25 @@ func request(step *Step, set *reqrules.Set, m policy.Mode, method, target string
 	*step = Step{Verdict: allowlist.Block, Reason: d.Reason, Rule: step.Rule,
 		Detail: fmt.Sprintf("refused by the rules of %s: answered 403 with the reason, the rule set and a denial id", set.Name())}
 	return rq
+}
+
+// push says how the proxy would treat method on target under set.
+func push(set *gitpush.Set, method, target string) *Push {
+	p := &Push{Rules: set.String(), Set: set.Name()}
+	if !strings.Contains(target, "://") {
+		p.Note = "a push to this host is held: its ref updates are decided by these rules before any pack data goes upstream; give METHOD URL to see whether a request is one"
+		return p
+	}
+	if i := strings.IndexByte(target, '#'); i >= 0 {
+		target = target[:i]
+	}
+	path, _ := httpfilter.SplitTarget(target)
+	if p.Held = gitpush.Held(method, path); p.Held {
+		p.Note = "a push: held until its ref updates are read, and refused whole unless the push rules allow every one (git prints the reason)"
+	} else {
+		p.Note = "not a push: the push rules do not apply"
+	}
+	return p
 }
 
 // literal is the proxy's decision for an IP-literal target.

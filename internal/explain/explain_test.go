@@ -141,3 +141,33 @@ func TestTargetErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestExplainPush: a host with push rules says so, and whether a request
+// is a push the proxy would hold (the proxy's own test, gitpush.Held).
+func TestExplainPush(t *testing.T) {
+	l := list(t, "code.test\ncode.test push refs/heads/agent/*\nopen.test\n")
+	p := Policy{List: l, Mode: policy.Active}
+	for _, tt := range []struct {
+		method, target string
+		held           bool
+	}{
+		{"POST", "https://code.test/app.git/git-receive-pack", true},
+		{"PUT", "https://code.test/app.git/git%2Dreceive-pack?x=1", true},
+		{"GET", "https://code.test/app.git/info/refs?service=git-receive-pack", false},
+		{"POST", "https://code.test/app.git/git-upload-pack", false},
+	} {
+		r, err := Explain(p, tt.method, tt.target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Push == nil || r.Push.Held != tt.held || r.Push.Rules != "refs/heads/agent/*" || r.Push.Set != "code.test" {
+			t.Errorf("%s %s: push %+v, want held %v under refs/heads/agent/*", tt.method, tt.target, r.Push, tt.held)
+		}
+	}
+	if r, _ := Explain(p, "", "code.test"); r.Push == nil || r.Push.Held || !strings.Contains(r.Push.Note, "held") {
+		t.Errorf("a bare name with push rules: %+v", r.Push)
+	}
+	if r, _ := Explain(p, "POST", "https://open.test/app.git/git-receive-pack"); r.Push != nil {
+		t.Errorf("a host without push rules: %+v", r.Push)
+	}
+}

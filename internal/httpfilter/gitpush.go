@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strings"
 
 	"github.com/abox-dev/abox/internal/allowlist"
@@ -28,7 +27,7 @@ func (p *Proxy) holdPush(w http.ResponseWriter, r *http.Request, rec *record, d 
 	set := d.list.Push(d.rule)
 	// Every method but a read is held: an origin may route "post" (or any
 	// other spelling) to receive-pack as it does POST.
-	if set == nil || r.Method == http.MethodGet || r.Method == http.MethodHead || !receivePack(r.RequestURI) {
+	if set == nil || !isPush(r.Method, r.RequestURI) {
 		return false
 	}
 	rec.ruleSet = set.Name()
@@ -116,15 +115,9 @@ func pushMessage(host string, set *gitpush.Set, pd gitpush.Decision, err error, 
 	return b.String()
 }
 
-// receivePack reports whether a request-target is a push's: the path,
-// decoded, names git-receive-pack. It looks anywhere in the path and
-// ignores case, so that no spelling a server might route to receive-pack
-// goes unjudged; a POST it wrongly takes for a push is refused as
-// unreadable, on a host whose pushes are held anyway.
-func receivePack(requestTarget string) bool {
+// isPush reports whether method on a request-target is a push the proxy
+// holds (gitpush.Held, which explain asks too).
+func isPush(method, requestTarget string) bool {
 	path, _ := SplitTarget(requestTarget)
-	if d, err := url.PathUnescape(path); err == nil {
-		path = d
-	}
-	return strings.Contains(strings.ToLower(path), "git-receive-pack")
+	return gitpush.Held(method, path)
 }
