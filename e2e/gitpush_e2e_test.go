@@ -3,6 +3,8 @@
 package e2e
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,11 +14,15 @@ import (
 	"github.com/abox-dev/abox/internal/paths"
 )
 
-// gitPushChecks is issue 19's push rule on the suite's dev guest: with the
-// lab's code host listed and its pushes held to refs/heads/agent/*, a push
-// from the guest to agent/x lands in the bare repository, and a push to
-// main is refused, git printing the reason, main unchanged. The allowlist
-// is put back afterwards.
+// gitPushChecks is issue 19's push rule with an injected token on the
+// suite's dev guest: the lab's code host takes a push only with its token
+// (Basic auth), which the guest never holds. With the host listed and its
+// pushes held to refs/heads/agent/*, a push without the binding is refused
+// by the code host; with the token stored on the host and bound to it, a
+// push from the guest to agent/x lands in the bare repository, and a push
+// to main is refused by the proxy, git printing the reason, main
+// unchanged. The allowlist, the secret and its binding are put back
+// afterwards.
 func (s *suite) gitPushChecks(t *testing.T, proxy string) {
 	t.Run("git pushes held to the agent's branches", func(t *testing.T) {
 		file := (paths.Layout{Root: s.home}).Allowlist("dev")
@@ -32,6 +38,21 @@ func (s *suite) gitPushChecks(t *testing.T, proxy string) {
 				t.Errorf("reloading the restored allowlist: %v\n%s", err, out)
 			}
 		})
+		const secret = "LAB_GIT_TOKEN"
+		raw := make([]byte, 16)
+		rand.Read(raw)
+		value := "gittok-" + hex.EncodeToString(raw)
+		valueFile := filepath.Join(s.tmp, "git-token")
+		for _, f := range []string{s.lab.GitTokenFile, valueFile} {
+			if err := os.WriteFile(f, []byte(value+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Cleanup(func() {
+			s.abox("secret", "unbind", secret, "-i", "dev", "--host", lab.CodeHost)
+			s.abox("secret", "rm", secret)
+			os.Remove(s.lab.GitTokenFile)
+		})
 		s.mustAbox("allowlist", "add", "dev", lab.CodeHost, lab.CodeHost+" push refs/heads/agent/*")
 		bare := filepath.Join(s.lab.GitRoot, lab.CodeRepo)
 		rev := func(ref string) string {
@@ -46,14 +67,23 @@ func (s *suite) gitPushChecks(t *testing.T, proxy string) {
 		s.mustGuest(t, "dev", "rm -rf /tmp/push-clone && "+git+"clone -q https://"+lab.CodeHost+"/"+lab.CodeRepo+" /tmp/push-clone && cd /tmp/push-clone && "+git+"commit -q --allow-empty -m 'the agent'")
 		head := strings.TrimSpace(s.mustGuest(t, "dev", "git -C /tmp/push-clone rev-parse HEAD"))
 
-		if out, err := s.guest("dev", "cd /tmp/push-clone && "+git+"push origin HEAD:refs/heads/agent/x 2>&1"); err != nil {
+		// Without the token the code host refuses the push (the guest has
+		// no credential to offer, and no prompt to ask for one).
+		push := "cd /tmp/push-clone && GIT_TERMINAL_PROMPT=0 " + git + "push origin "
+		if out, err := s.guest("dev", push+"HEAD:refs/heads/agent/x 2>&1"); err == nil || rev("refs/heads/agent/x") != "" {
+			t.Fatalf("a push without the token landed: %v\n%s", err, out)
+		}
+		s.mustAbox("secret", "set", secret, "--from-file", valueFile)
+		s.mustAbox("secret", "bind", secret, "-i", "dev", "--host", lab.CodeHost, "--basic", "agent")
+
+		if out, err := s.guest("dev", push+"HEAD:refs/heads/agent/x 2>&1"); err != nil {
 			t.Fatalf("push to agent/x: %v\n%s", err, out)
 		}
 		if got := rev("refs/heads/agent/x"); got != head {
 			t.Errorf("the code host's agent/x = %q, want the guest's %s", got, head)
 		}
 
-		out, err := s.guest("dev", "cd /tmp/push-clone && "+git+"push origin HEAD:main 2>&1")
+		out, err := s.guest("dev", push+"HEAD:main 2>&1")
 		if err == nil {
 			t.Errorf("push to main succeeded:\n%s", out)
 		}

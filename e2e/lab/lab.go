@@ -34,7 +34,8 @@ const (
 
 // CodeHost is the stand-in code host on the origin: git's smart HTTP
 // (git http-backend, reads and pushes) for the bare repositories in
-// Lab.GitRoot; CodeRepo is one of them, with one commit on main.
+// Lab.GitRoot; CodeRepo is one of them, with one commit on main. A push
+// needs Basic auth whose password is the content of Lab.GitTokenFile.
 const (
 	CodeHost = "code.test"
 	CodeRepo = "app.git"
@@ -68,6 +69,9 @@ type Lab struct {
 	// TokenFile holds the token APIHost accepts (none until a test
 	// writes it).
 	TokenFile string
+	// GitTokenFile holds the password CodeHost takes for a push, as
+	// Basic auth (none until a test writes it: every push is refused).
+	GitTokenFile string
 
 	procs []*exec.Cmd
 	logf  func(string, ...any)
@@ -168,6 +172,7 @@ func (l *Lab) startOrigin(ctx context.Context) error {
 	}
 	l.OriginCA = filepath.Join(l.Env.Dir, "origin-ca.pem")
 	l.TokenFile = filepath.Join(l.Env.Dir, "api-token")
+	l.GitTokenFile = filepath.Join(l.Env.Dir, "git-token")
 	if err := l.makeRepo(ctx); err != nil {
 		return err
 	}
@@ -181,7 +186,8 @@ func (l *Lab) startOrigin(ctx context.Context) error {
 	}
 	if err := l.background(ctx, "ip", "netns", "exec", l.OriginNS, filepath.Join(l.Bin, "testorigin"),
 		"--http", OriginIP+":80", "--https", OriginIP+":443", "--names", strings.Join(append(names, OriginIP), ","), "--ca-out", l.OriginCA,
-		"--git-host", CodeHost, "--git-root", l.GitRoot, "--token-host", APIHost, "--token-file", l.TokenFile); err != nil {
+		"--git-host", CodeHost, "--git-root", l.GitRoot, "--token-host", APIHost, "--token-file", l.TokenFile,
+		"--git-push-token-file", l.GitTokenFile); err != nil {
 		return err
 	}
 	if err := l.background(ctx, append([]string{"ip", "netns", "exec", l.OriginNS, filepath.Join(l.Bin, "fakedns"), "--listen", OriginIP + ":53"}, records...)...); err != nil {

@@ -36,6 +36,7 @@ func main() {
 	gitHost := flag.String("git-host", "", "requests for this host are git's smart HTTP (git http-backend), reads and pushes")
 	gitRoot := flag.String("git-root", "", "the directory of the bare repositories --git-host serves")
 	tokenHost := flag.String("token-host", "", "requests for this host need Authorization: Bearer and the token in --token-file (401 otherwise): a stand-in API for injected secrets")
+	gitTokenFile := flag.String("git-push-token-file", "", "with --git-host, pushes (POST git-receive-pack) need Authorization: Basic with the token in this file as the password (401 otherwise; read at every request)")
 	tokenFile := flag.String("token-file", "", "the file holding --token-host's token, read at every request (so it can be written, or rotated, after the start)")
 	flag.Parse()
 	if (*tokenHost == "") != (*tokenFile == "") {
@@ -48,11 +49,18 @@ func main() {
 	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if git != nil && hostOnly(r.Host) == *gitHost {
+			if *gitTokenFile != "" && isReceivePack(r) {
+				if why := checkAuth(r, *gitTokenFile, basicPassword); why != "" {
+					w.Header().Set("WWW-Authenticate", `Basic realm="code"`)
+					http.Error(w, "testorigin: "+why, http.StatusUnauthorized)
+					return
+				}
+			}
 			git.ServeHTTP(w, r)
 			return
 		}
 		if *tokenHost != "" && hostOnly(r.Host) == *tokenHost {
-			if why := checkToken(r, *tokenFile); why != "" {
+			if why := checkAuth(r, *tokenFile, bearer); why != "" {
 				w.Header().Set("WWW-Authenticate", "Bearer")
 				http.Error(w, "testorigin: "+why, http.StatusUnauthorized)
 				return
@@ -105,14 +113,14 @@ func gitBackend(root string) http.Handler {
 	}
 }
 
-// checkToken returns why r does not carry exactly "Authorization: Bearer
-// TOKEN" with the token in file, or "" when it does. The answer never
-// repeats what the request sent, nor the token.
-func checkToken(r *http.Request, file string) string {
+// checkAuth returns why r does not carry exactly one Authorization header
+// whose credential (as cred reads it) is the token in file, or "" when it
+// does. The answer never repeats what the request sent, nor the token.
+func checkAuth(r *http.Request, file string, cred func(string) string) string {
 	b, err := os.ReadFile(file)
 	want := strings.TrimSpace(string(b))
 	if err != nil || want == "" {
-		return "no token to check against (write one to --token-file)"
+		return "no token to check against (write one to the token file)"
 	}
 	got := r.Header.Values("Authorization")
 	switch {
@@ -120,10 +128,37 @@ func checkToken(r *http.Request, file string) string {
 		return "no Authorization header"
 	case len(got) > 1:
 		return "more than one Authorization header"
-	case subtle.ConstantTimeCompare([]byte(got[0]), []byte("Bearer "+want)) != 1:
+	case subtle.ConstantTimeCompare([]byte(cred(got[0])), []byte(want)) != 1:
 		return "wrong token"
 	}
 	return ""
+}
+
+// bearer is the token of "Bearer TOKEN" ("" for anything else).
+func bearer(h string) string {
+	t, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok {
+		return ""
+	}
+	return t
+}
+
+// basicPassword is the password of "Basic base64(user:password)".
+func basicPassword(h string) string {
+	r := http.Request{Header: http.Header{"Authorization": {h}}}
+	_, pw, ok := r.BasicAuth()
+	if !ok {
+		return ""
+	}
+	return pw
+}
+
+// isReceivePack reports whether r is a push itself (the ref updates and
+// the pack). Its advertisement (info/refs?service=git-receive-pack) needs
+// no token, so that a push refused by the proxy is refused there, not by a
+// 401 from here.
+func isReceivePack(r *http.Request) bool {
+	return strings.HasSuffix(r.URL.Path, "/git-receive-pack")
 }
 
 func hostOnly(hostport string) string {
