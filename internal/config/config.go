@@ -66,6 +66,9 @@ type File struct {
 	Provision  Provision `yaml:"provision"`
 	// Forwards are HOSTPORT:GUESTPORT forwards from the host's loopback.
 	Forwards []string `yaml:"forwards"`
+	// Secrets bind secrets of the host's store to the hosts they may go
+	// to; names only, never values.
+	Secrets []SecretItem `yaml:"secrets"`
 }
 
 // AllowlistItem is one item of allowlist, written either as a string, an
@@ -268,6 +271,11 @@ func check(n *yaml.Node, t reflect.Type, path, source string, at0 map[string]pos
 	}
 	if t.Kind() == reflect.Pointer {
 		t = t.Elem()
+	}
+	if t == reflect.TypeFor[[]SecretItem]() || t == reflect.TypeFor[SecretItem]() {
+		if err := checkSecretNode(n, t.Kind() == reflect.Slice, path, source); err != nil {
+			return err
+		}
 	}
 	if t == reflect.TypeFor[AllowlistItem]() {
 		// A string is an allowlist line, a mapping a host and its rules.

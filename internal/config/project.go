@@ -83,6 +83,10 @@ func Load(path string) (*Project, error) {
 		root.Close()
 		return nil, err
 	}
+	if err := p.checkSecretReach(); err != nil {
+		root.Close()
+		return nil, err
+	}
 	if c.Overlay != "" {
 		fi, err := root.Stat(c.Overlay)
 		if err != nil || !fi.IsDir() {

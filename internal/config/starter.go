@@ -172,4 +172,11 @@ accel: auto           # kvm, tcg or auto
 # Host 127.0.0.1:HOSTPORT -> guest 127.0.0.1:GUESTPORT, over SSH (trust: host
 # programs that connect to HOSTPORT reach the guest).
 # forwards: ["8080:8080"]
+
+# Secrets of the host's store the proxy adds to requests (trust): store the
+# value on the host with ` + "`abox secret set NAME`" + `; the guest only gets a
+# placeholder in $NAME. Names only here, never a value. The host must be on
+# the allowlist; one of bearer: true, basic: USER or header: NAME.
+# secrets:
+#   - {name: OPENAI_API_KEY, host: api.openai.com, bearer: true, rules: ["POST /v1/**"]}
 `

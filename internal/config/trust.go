@@ -150,6 +150,11 @@ func (c Config) widenings(allow *allowlist.List) []Widening {
 		}
 		add("forwards", "puts guest services on the host's %s, where host programs connecting there reach the guest", strings.Join(s, ", "))
 	}
+	// A binding lets the guest use the secret on the host it names, as
+	// far as its rules allow: each is a place the credential goes.
+	for _, s := range c.Secrets {
+		add("secrets", "sends %s", s)
+	}
 	return out
 }
 
@@ -199,10 +204,13 @@ type baseline struct {
 	// Files maps a key (upstream_ca, overrides.libvirt.template) to the
 	// SHA-256 of the content trusted, hex.
 	Files map[string]string `json:"files,omitempty"`
+	// Secrets are the secret bindings trusted; none in records written
+	// before bindings existed, so that any binding asks.
+	Secrets []secretBaseline `json:"secrets,omitempty"`
 }
 
 func (p *Project) baseline() (*baseline, error) {
-	b := &baseline{Allowlist: p.MergedAllowlist(), Files: map[string]string{}}
+	b := &baseline{Allowlist: p.MergedAllowlist(), Files: map[string]string{}, Secrets: secretBaselines(p.Secrets)}
 	for _, r := range []ref{{key: "upstream_ca", path: p.UpstreamCA}, {key: "overrides.libvirt.template", path: p.Template}} {
 		if r.path == "" {
 			continue
@@ -219,7 +227,8 @@ func (p *Project) baseline() (*baseline, error) {
 
 // since lists how p allows more than the trusted content rec: allowlist
 // lines that allow more (allowlist.Widenings: a new name, a new or wider
-// rule, a name whose rules are all gone), every other widening setting not
+// rule, a name whose rules are all gone), secret bindings no trusted one
+// covers (secretWidenings), every other widening setting not
 // written exactly as it was, and a trusted file whose content changed.
 // Empty means p only narrows rec, or restates it.
 func (p *Project) since(rec trustRecord) ([]Widening, error) {
@@ -236,10 +245,15 @@ func (p *Project) since(rec trustRecord) ([]Widening, error) {
 		had[w] = true
 	}
 	for _, w := range p.Widenings() {
-		if w.Key != "allowlist" && !had[w] {
+		if w.Key != "allowlist" && w.Key != "secrets" && !had[w] {
 			out = append(out, w)
 		}
 	}
+	ws, err := secretWidenings(rec.Baseline.Secrets, p.Secrets)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, ws...)
 	now, err := p.baseline()
 	if err != nil {
 		return nil, err

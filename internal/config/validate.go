@@ -72,6 +72,9 @@ type Config struct {
 	Overlay       string
 	Scripts       []string
 	Forwards      []Forward
+	// Secrets are the secret bindings, in file order; no secret is bound
+	// to one host and port twice.
+	Secrets []Secret
 	// Warnings are accepted values that deserve a second look (a range
 	// wider than a site); the trust prompt shows them.
 	Warnings []string
@@ -242,6 +245,9 @@ func (d *Doc) Validate() (Config, error) {
 		}
 		hostPorts[uint16(hp)] = true
 		c.Forwards = append(c.Forwards, Forward{HostPort: uint16(hp), GuestPort: uint16(gp)})
+	}
+	if c.Secrets, err = d.secretList(c.Name, f.Secrets); err != nil {
+		return Config{}, err
 	}
 	return c, nil
 }
