@@ -75,7 +75,7 @@ func (seedWriter) WriteSeed(ctx context.Context, path string, in instance.SeedIn
 		AuthorizedKey: in.AuthorizedKey, CACertPEM: string(in.CACertPEM),
 		MAC: st.MAC, Subnet: st.Subnet, GuestIP: st.GuestIP, Gateway: st.Gateway, ProxyPort: st.ProxyPort,
 		HostKeyPEM: string(in.HostKeyPEM), HostPublicKey: in.HostPublicKey,
-		Monitor: st.Monitor,
+		Monitor: st.Monitor, Placeholders: in.Placeholders,
 	})
 	if err != nil {
 		return err

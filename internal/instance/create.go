@@ -85,6 +85,9 @@ type SeedInput struct {
 	// first connection is already verified (known_hosts is written at create).
 	HostKeyPEM    []byte
 	HostPublicKey string
+	// Placeholders are the guest's secret placeholders, NAME and
+	// "abox-ph-..." (secrets.Store.Placeholders): never a value.
+	Placeholders [][2]string
 }
 
 // SeedWriter writes the NoCloud seed ISO at path.
@@ -247,6 +250,9 @@ func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []s
 
 	var in SeedInput
 	in.State = st
+	if in.Placeholders, err = m.placeholders(st.Name); err != nil {
+		return State{}, nil, err
+	}
 	if in.AuthorizedKey, err = cloudinit.GenerateSSHKey(f.SSHKey, "abox-"+st.Name, nil); err != nil {
 		return State{}, nil, err
 	}

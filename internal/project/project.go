@@ -49,6 +49,8 @@ type binding struct {
 	File        string    `json:"file"`
 	CreatedAt   time.Time `json:"created_at"`
 	Provisioned bool      `json:"provisioned"`
+	// Secrets are the secret bindings up made from the file.
+	Secrets []boundSecret `json:"secrets,omitempty"`
 }
 
 func loadBinding(l paths.Layout, name string) (binding, bool, error) {

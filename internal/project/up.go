@@ -17,6 +17,7 @@ import (
 	"github.com/abox-dev/abox/internal/guest"
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/policy"
+	"github.com/abox-dev/abox/internal/secrets"
 	"github.com/abox-dev/abox/internal/tetragon"
 )
 
@@ -65,15 +66,26 @@ func Up(ctx context.Context, d Deps, p *config.Project, o UpOptions) (Report, er
 	if err := d.Trust.Check(p); err != nil {
 		return rep, err
 	}
+	store := secrets.Open(d.Layout.Secrets())
+	if err := checkSecretsStored(store, p); err != nil {
+		return rep, err
+	}
 	allow := p.MergedAllowlist()
 	name := p.Name
 	st, err := instance.Load(d.Layout, name)
 	switch {
 	case errors.Is(err, instance.ErrNotFound):
-		if st, err = create(ctx, d, p, allow); err != nil {
-			return rep, err
+		// Bound before the instance is made, so that its seed carries
+		// the placeholders and the guest has them from the first boot.
+		applied, bound, _, err := applySecrets(store, p, nil)
+		if err == nil {
+			st, err = create(ctx, d, p, allow, bound)
+		}
+		if err != nil {
+			return rep, errors.Join(err, store.ForgetInstance(name))
 		}
 		rep.Created = true
+		rep.Applied = append(rep.Applied, applied...)
 	case err != nil:
 		return rep, err
 	default:
@@ -93,6 +105,20 @@ func Up(ctx context.Context, d Deps, p *config.Project, o UpOptions) (Report, er
 		}
 		for _, dr := range rep.Drift {
 			d.progress("drift: %s: the file says %s, instance %s has %s (needs a re-create: abox down --rm && abox up)", dr.Key, dr.File, name, dr.Instance)
+		}
+		applied, bound, fresh, err := applySecrets(store, p, bd.Secrets)
+		rep.Applied = append(rep.Applied, applied...)
+		if !slices.Equal(bound, bd.Secrets) {
+			bd.Secrets = bound
+			if serr := saveBinding(d.Layout, name, bd); serr != nil {
+				return rep, errors.Join(err, serr)
+			}
+		}
+		if err != nil {
+			return rep, err
+		}
+		for _, s := range fresh {
+			d.progress("up %s: %s is newly bound; the guest was made before, so its environment lacks the placeholder: `abox secret env -i %s` prints it (docs/secrets.md)", name, s, name)
 		}
 	}
 	info, err := d.Manager.Describe(ctx, name)
@@ -185,7 +211,7 @@ func Up(ctx context.Context, d Deps, p *config.Project, o UpOptions) (Report, er
 // create makes the instance from the file. The files it names are read
 // through the project root and handed to Create as private copies, so
 // nothing outside the project is read on the file's behalf.
-func create(ctx context.Context, d Deps, p *config.Project, allow []string) (instance.State, error) {
+func create(ctx context.Context, d Deps, p *config.Project, allow []string, bound []boundSecret) (instance.State, error) {
 	tmp, err := os.MkdirTemp("", "abox-up-")
 	if err != nil {
 		return instance.State{}, err
@@ -238,7 +264,7 @@ func create(ctx context.Context, d Deps, p *config.Project, allow []string) (ins
 	if err != nil {
 		return instance.State{}, err
 	}
-	if err := saveBinding(d.Layout, p.Name, binding{File: p.Path, CreatedAt: time.Now().UTC()}); err != nil {
+	if err := saveBinding(d.Layout, p.Name, binding{File: p.Path, CreatedAt: time.Now().UTC(), Secrets: bound}); err != nil {
 		rerr := d.Manager.Remove(context.WithoutCancel(ctx), p.Name, true)
 		return instance.State{}, errors.Join(err, rerr)
 	}
