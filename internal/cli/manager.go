@@ -69,14 +69,7 @@ func (e *env) manager(ctx context.Context) (*instance.Manager, func(), error) {
 type seedWriter struct{}
 
 func (seedWriter) WriteSeed(ctx context.Context, path string, in instance.SeedInput) error {
-	st := in.State
-	s, err := cloudinit.Render(cloudinit.Config{
-		Name: st.Name, UUID: st.UUID, User: st.User,
-		AuthorizedKey: in.AuthorizedKey, CACertPEM: string(in.CACertPEM),
-		MAC: st.MAC, Subnet: st.Subnet, GuestIP: st.GuestIP, Gateway: st.Gateway, ProxyPort: st.ProxyPort,
-		HostKeyPEM: string(in.HostKeyPEM), HostPublicKey: in.HostPublicKey,
-		Monitor: st.Monitor, Placeholders: in.Placeholders,
-	})
+	s, err := cloudinit.Render(in.CloudInit())
 	if err != nil {
 		return err
 	}

@@ -18,19 +18,13 @@ import (
 	"github.com/abox-dev/abox/internal/secrets"
 )
 
-// isoSeeds writes the real seed, as abox's own seed writer does (rendered
-// documents packed by genisoimage), so a test reads what the guest gets.
+// isoSeeds writes the real seed, as abox's own seed writer does (the
+// rendered documents packed by genisoimage), so a test reads what the
+// guest gets.
 type isoSeeds struct{}
 
 func (isoSeeds) WriteSeed(ctx context.Context, path string, in SeedInput) error {
-	st := in.State
-	s, err := cloudinit.Render(cloudinit.Config{
-		Name: st.Name, UUID: st.UUID, User: st.User,
-		AuthorizedKey: in.AuthorizedKey, CACertPEM: string(in.CACertPEM),
-		MAC: st.MAC, Subnet: st.Subnet, GuestIP: st.GuestIP, Gateway: st.Gateway, ProxyPort: st.ProxyPort,
-		HostKeyPEM: string(in.HostKeyPEM), HostPublicKey: in.HostPublicKey,
-		Monitor: st.Monitor, Placeholders: in.Placeholders,
-	})
+	s, err := cloudinit.Render(in.CloudInit())
 	if err != nil {
 		return err
 	}
