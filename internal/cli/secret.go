@@ -28,7 +28,7 @@ func newSecretCmd(e *env) *cobra.Command {
 outside every instance: never in the guest, its disk, snapshots or exports. A
 binding names the instance, host, optional request rules and header the secret
 may be sent in; the guest gets a placeholder in an environment variable named
-after the secret. See docs/secrets.md: injection by the proxy is not wired yet.`,
+after the secret. An abox.yaml may name bindings too (secrets:); see docs/secrets.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return usageError{fmt.Errorf("%s needs a subcommand: set, list, rm, bind, unbind or env (see --help)", cmd.CommandPath())}
