@@ -31,6 +31,7 @@ func (w *wf) exportImport(t *testing.T) {
 		t.Fatalf("archive: %v %v\n%s", fi, err, out)
 	}
 	t.Logf("FIGURE export (flatten + gzip) of a Debian 12 instance: %s, archive %.0f MiB", time.Since(t0).Round(time.Second), float64(fi.Size())/(1<<20))
+	archiveHoldsNoValue(t, archive, w.secret)
 
 	// The lab's instance widens the sandbox (allowlist, resolver, CA):
 	// without --trust the import lists that and makes nothing.

@@ -3,14 +3,18 @@
 package e2e
 
 import (
+	"bytes"
+	"compress/gzip"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/abox-dev/abox/e2e/lab"
 	"github.com/abox-dev/abox/internal/paths"
@@ -108,4 +112,105 @@ func (s *suite) secretChecks(t *testing.T, proxy string) {
 			t.Errorf("%s: %v; want a line injecting %s and one refusing it with secret_leak", files.HTTPLog, err, name)
 		}
 	})
+}
+
+// fileSecretName is the secret the workflow's abox.yaml binds to the
+// lab's stand-in API (workflowSecretYAML).
+const fileSecretName = "WF_API_TOKEN"
+
+// workflowSecretYAML is the workflow abox.yaml's secrets section: GET
+// under /v1/ on lab.APIHost carries the token, as a bearer.
+const workflowSecretYAML = "secrets:\n  - {name: " + fileSecretName + ", host: " + lab.APIHost + ", bearer: true, rules: [\"GET /v1/**\"]}\n"
+
+// storeWorkflowSecret makes a fresh token, gives it to the stand-in API
+// and stores it on the host as fileSecretName, before the first up.
+func (w *wf) storeWorkflowSecret(t *testing.T) string {
+	raw := make([]byte, 16)
+	rand.Read(raw)
+	value := "wftok-" + hex.EncodeToString(raw)
+	if err := os.WriteFile(w.lab.TokenFile, []byte(value+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	valueFile := filepath.Join(t.TempDir(), "wf-token")
+	if err := os.WriteFile(valueFile, []byte(value+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.must(t, "secret", "set", fileSecretName, "--from-file", valueFile)
+	return value
+}
+
+// secretFromFileChecks: the guest `abox up` made from an abox.yaml with a
+// binding has the placeholder in its environment from the first boot
+// (nothing was written into it since), in SSH sessions and login shells;
+// a call with it opens the stand-in API, a request outside the binding's
+// rules with it is refused as a leak, and the value is in no guest
+// environment.
+func (w *wf) secretFromFileChecks(t *testing.T, value string) {
+	env := w.must(t, "secret", "env", "-i", "wf", "--environment")
+	ph := regexp.MustCompile(fileSecretName + `=(abox-ph-[0-9a-f]{32})`).FindStringSubmatch(env)
+	if ph == nil || strings.Contains(env, value) {
+		t.Fatalf("abox secret env -i wf = %q: want %s's placeholder and no value", env, fileSecretName)
+	}
+	for _, cmd := range []string{"echo \"$" + fileSecretName + "\"", "bash -lc 'echo \"$" + fileSecretName + "\"'"} {
+		if got := w.guest(t, cmd); got != ph[1] {
+			t.Errorf("in the guest, %s = %q; want the placeholder %s from the seed", cmd, got, ph[1])
+		}
+	}
+	// The proxy comes from the session's environment, as for any tool;
+	// code= is the origin's status (curl -i also shows the CONNECT's 200).
+	c := "curl -sS -m 20 -i -w '\\ncode=%{http_code}' -H \"Authorization: Bearer $" + fileSecretName + "\" https://" + lab.APIHost
+	out := w.guest(t, c+"/v1/models")
+	if !strings.HasSuffix(out, "code=200") || !strings.Contains(out, "GET /v1/models host="+lab.APIHost) {
+		t.Errorf("the API with the placeholder from boot: %q, want 200 from the origin", out)
+	}
+	out = w.guest(t, c+"/v1/models -X POST || true")
+	if !strings.HasSuffix(out, "code=403") || !strings.Contains(strings.ToLower(out), "x-abox-reason: secret_leak") {
+		t.Errorf("the placeholder on a POST the binding's rules leave out: %q, want 403 secret_leak", out)
+	}
+	b64 := base64.StdEncoding.EncodeToString([]byte(value))
+	out = w.guest(t, "sudo sh -c 'p=$(echo "+b64+" | base64 -d); v=0; for f in /proc/[0-9]*/environ; do tr \"\\0\" \"\\n\" < $f 2>/dev/null | grep -qF -e \"$p\" && v=$((v+1)); done; echo environ=$v; grep -rlsF -e \"$p\" /etc /home /root /var/lib/cloud | wc -l'")
+	if !strings.HasPrefix(out, "environ=0\n0") {
+		t.Errorf("the value is in the guest: %q, want environ=0 and no file", out)
+	}
+}
+
+// archiveHoldsNoValue: the export archive of an instance whose guest used
+// a bound secret holds no value, its disk included: the decompressed
+// stream is searched end to end (with an overlap, so that a value split
+// across two reads is seen).
+func archiveHoldsNoValue(t *testing.T, archive, value string) {
+	if value == "" {
+		t.Fatal("no value to search the archive for")
+	}
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	v := []byte(value)
+	buf := make([]byte, 0, 1<<20+len(v))
+	var n int64
+	for {
+		keep := min(len(buf), len(v)-1)
+		copy(buf, buf[len(buf)-keep:])
+		m, err := io.ReadFull(zr, buf[keep:cap(buf)])
+		buf = buf[:keep+m]
+		n += int64(m)
+		if bytes.Contains(buf, v) {
+			t.Errorf("the export archive holds the secret's value (within its first %d decompressed bytes)", n)
+			return
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("FIGURE searched the decompressed archive (%d MiB) for the value: %s", n>>20, time.Since(t0).Round(time.Second))
 }

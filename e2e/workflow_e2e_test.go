@@ -29,6 +29,8 @@ type wf struct {
 	ctx context.Context
 	lab *lab.Lab
 	dir string // the project directory holding abox.yaml
+	// secret is the value of the secret abox.yaml binds (fileSecretName).
+	secret string
 }
 
 func (w *wf) cmd(ctx context.Context, name string, args ...string) *exec.Cmd {
@@ -148,14 +150,14 @@ name: wf
 accel: tcg
 cpus: %d
 memory: 1024
-allowlist: [allowed.test, www.allowed.test]
+allowlist: [allowed.test, www.allowed.test, api.test]
 dns:
   upstreams: ["%s"]
 upstream_ca: lab-ca.pem
 provision:
   overlay: setup
   scripts: [setup.sh]
-%s`, cpus, lab.Upstream, extra)
+%s%s`, cpus, lab.Upstream, workflowSecretYAML, extra)
 	}
 	writeFile(t, filepath.Join(w.dir, "abox.yaml"), yaml(1, ""), 0o644)
 
@@ -169,6 +171,7 @@ provision:
 		}
 	})
 	w.must(t, "trust")
+	w.secret = w.storeWorkflowSecret(t)
 	var upOut string
 	t.Run("up creates, boots and provisions, reporting what the filters blocked", func(t *testing.T) {
 		t0 := time.Now()
@@ -185,6 +188,9 @@ provision:
 		}
 	})
 	gw := strings.TrimSpace(w.guest(t, "ip -4 route show default | awk '{print $3}'"))
+	t.Run("a secret abox.yaml binds is in the guest's environment from the first boot and opens its API", func(t *testing.T) {
+		w.secretFromFileChecks(t, w.secret)
+	})
 
 	t.Run("guest tools get the proxy and the CA in SSH sessions and login shells", func(t *testing.T) {
 		port := strconv.Itoa(int(instance.DefaultProxyPort))
@@ -404,7 +410,7 @@ provision:
 	})
 
 	t.Run("up on the existing instance reports drift and applies the allowlist and forwards live", func(t *testing.T) {
-		os.WriteFile(filepath.Join(w.dir, "abox.yaml"), []byte(strings.Replace(yaml(2, "forwards: [\"18081:22\"]\n"), "allowlist: [allowed.test, www.allowed.test]", "allowlist: [allowed.test, late.test]", 1)), 0o644)
+		os.WriteFile(filepath.Join(w.dir, "abox.yaml"), []byte(strings.Replace(yaml(2, "forwards: [\"18081:22\"]\n"), "allowlist: [allowed.test, www.allowed.test,", "allowlist: [allowed.test, late.test,", 1)), 0o644)
 		if out, err := w.abox("up"); err == nil || !strings.Contains(out, "not trusted") {
 			t.Fatalf("a changed widening file was not asked about again: %v\n%s", err, out)
 		}
