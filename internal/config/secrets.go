@@ -58,7 +58,7 @@ func (s Secret) String() string {
 
 // valueKeys are keys someone who puts a value in the file would write.
 var valueKeys = []string{"value", "secret", "token", "password", "passwd", "pass", "key",
-	"api_key", "apikey", "credential", "credentials", "from_file", "file", "command", "env", "data"}
+	"api_key", "apikey", "credential", "credentials", "from_file", "file", "command"}
 
 // valueHint is said wherever a value looks to be in the file.
 const valueHint = "abox.yaml names secrets, never their values (everyone with the repository reads it); store the value on the host with `abox secret set NAME` and keep only name, host, rules and bearer/basic/header here"
@@ -132,12 +132,28 @@ func checkSecretNode(n *yaml.Node, list bool, path, source string) error {
 			vals = v.Content
 		}
 		for _, s := range vals {
+			if k.Value == "host" && isHostName(s.Value) {
+				continue // "sk-proxy.example.com" is a host, not a key
+			}
 			if s.Kind == yaml.ScalarNode && looksLikeValue(s.Value) {
 				return &Error{Source: source, Line: s.Line, Column: s.Column, Msg: fmt.Sprintf("%s.%s: this looks like a credential, not a name (it is not repeated here); %s", path, termtext.Clean(k.Value), valueHint)}
 			}
 		}
 	}
 	return nil
+}
+
+// isHostName reports whether s is a dotted allowlist name, with or
+// without a port: a host, whatever its first label looks like.
+func isHostName(s string) bool {
+	if i := strings.LastIndexByte(s, ':'); i >= 0 {
+		s = s[:i]
+	}
+	if !strings.Contains(s, ".") {
+		return false
+	}
+	_, err := allowlist.ParseEntry(s)
+	return err == nil
 }
 
 // yamlWords turns the wording of abox secret bind's flags, which

@@ -60,6 +60,7 @@ func TestSecretsErrors(t *testing.T) {
 	for _, tc := range []struct{ name, src, want string }{
 		{"a value key", "  - name: OPENAI_API_KEY\n    host: api.openai.com\n    bearer: true\n    value: " + value + "\n", "abox.yaml:7:5: secrets[0].value: abox.yaml names secrets, never their values"},
 		{"a token key", "  - {name: A, host: a.example.com, bearer: true, token: x}\n", "secrets[0].token: abox.yaml names secrets, never their values"},
+		{"a value as the host", "  - {name: A, host: " + value + ", bearer: true}\n", "secrets[0].host: this looks like a credential"},
 		{"a value in a field", "  - name: A\n    host: a.example.com\n    header: " + value + "\n", "abox.yaml:6:13: secrets[0].header: this looks like a credential"},
 		{"an opaque value in a field", "  - {name: A, host: a.example.com, header: Zq81VaLx0pW3mN7tYb2cRd5eFgQ}\n", "secrets[0].header: this looks like a credential"},
 		{"the section as a mapping", "  OPENAI_API_KEY: " + value + "\n", "abox.yaml:4:3: secrets: want a list of bindings"},
@@ -102,6 +103,7 @@ func TestSecretsReach(t *testing.T) {
 		{"allowed inline", "allowlist: [api.example.com]\nsecrets:\n  - {name: A, host: api.example.com, bearer: true}\n", ""},
 		{"allowed by a wildcard", "allowlist: [\"*.example.com\"]\nsecrets:\n  - {name: A, host: api.example.com, bearer: true}\n", ""},
 		{"allowed by the allowlist file", "allowlist_file: allow.txt\nsecrets:\n  - {name: A, host: files.example.net, bearer: true}\n", ""},
+		{"a host whose first label reads as a key prefix", "allowlist: [sk-proxy.example.com]\nsecrets:\n  - {name: A, host: sk-proxy.example.com, bearer: true}\n", ""},
 		{"allowed with rules", "allowlist: [\"api.example.com GET /**\"]\nsecrets:\n  - {name: A, host: api.example.com, bearer: true}\n", ""},
 		{"not allowed", "allowlist: [example.com]\nsecrets:\n  - {name: A, host: api.example.com, bearer: true}\n", "abox.yaml:5:21: secrets[0].host: api.example.com: the allowlist does not allow api.example.com, so no request could carry A there; add `- \"api.example.com\"` to allowlist"},
 		{"no allowlist", "secrets:\n  - {name: A, host: api.example.com, bearer: true}\n", "the allowlist does not allow api.example.com"},

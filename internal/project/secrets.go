@@ -95,14 +95,15 @@ func applySecrets(store *secrets.Store, p *config.Project, prev []boundSecret) (
 		if slices.Contains(now, b) {
 			continue
 		}
-		if err := store.Unbind(b.Name, p.Name, b.Host); err != nil && !errors.Is(err, secrets.ErrNotFound) {
-			// Gone by hand already (abox secret unbind) is what was wanted.
-			if !stillBound(store, b, p.Name) {
-				continue
-			}
+		err := store.Unbind(b.Name, p.Name, b.Host)
+		switch {
+		case err == nil:
+			applied = append(applied, "secret "+b.Name+" unbound from "+b.Host)
+		case errors.Is(err, secrets.ErrNotFound) || !stillBound(store, b, p.Name):
+			// Gone already (abox secret rm or unbind by hand): as wanted.
+		default:
 			return applied, append(now, b), fresh, fmt.Errorf("up %s: unbinding %s from %s: %w", p.Name, b.Name, b.Host, err)
 		}
-		applied = append(applied, "secret "+b.Name+" unbound from "+b.Host)
 	}
 	return applied, now, fresh, nil
 }
