@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/abox-dev/abox/internal/allowlist"
+	"github.com/abox-dev/abox/internal/secrets"
 	"github.com/abox-dev/abox/internal/termtext"
 )
 
@@ -40,6 +42,9 @@ func FuzzParse(f *testing.F) {
 		"version: 1\nname: dev\nallowlist: [\"a.example.com\\e[8m\"]\nprovision: {scripts: [\"../x\"]}\n",
 		"version: 1\nname: dev\nallowlist:\n  - \"github.com GET /*/*/info/refs?service=git-upload-pack\"\n  - host: api.github.com\n    rules: [\"GET,HEAD /**\", \"POST /repos/acme/app/pulls audit\"]\n    audit: true\n",
 		"version: 1\nname: dev\nallowlist: [{host: a.example.com, rules: []}, {}, [x], a.example.com]\nmitm: {exceptions: [a.example.com]}\n",
+		"version: 1\nname: dev\nsecrets:\n  - {name: API_KEY, host: api.example.com, bearer: true, rules: [\"POST /v1/**\"]}\n  - {name: B, host: \"*.example.org:8443\", basic: x-access-token}\n  - {name: C, host: c.example.com, header: x-api-key}\n",
+		"version: 1\nname: dev\nsecrets: {API_KEY: sk-abcdef0123456789}\n",
+		"version: 1\nname: dev\nsecrets: [{name: A, host: a.example.com, value: x}, {name: A, host: a.example.com, bearer: true}]\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -72,6 +77,18 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("%q: the MITM exception %q is not a host name in normal form", b, h)
 			}
 		}
+		// A binding is one abox secret bind would make for the instance.
+		for _, sec := range c.Secrets {
+			sb := sec.Binding
+			spec := secrets.BindingSpec{Instance: c.Name, Host: sb.Host + ":" + strconv.Itoa(int(sb.Port)), Rules: sb.Rules, Bearer: sb.Send == secrets.SendBearer, Basic: sb.User}
+			if sb.Send == secrets.SendHeader {
+				spec.Header = sb.Header
+			}
+			again, err := secrets.ParseBinding(spec)
+			if secrets.CheckName(sec.Name) != nil || sb.Instance != c.Name || err != nil || !reflect.DeepEqual(again, sb) {
+				t.Fatalf("%q: secret %s's binding %+v is not what abox secret bind makes (%+v, %v)", b, sec.Name, sb, again, err)
+			}
+		}
 		for _, p := range c.Ports {
 			if p == 0 {
 				t.Fatalf("%q: port 0", b)
@@ -80,7 +97,7 @@ func FuzzParse(f *testing.F) {
 		if len(c.Widenings()) == 0 {
 			wide := len(c.Allowlist) > 0 || len(c.AllowPrivate) > 0 || c.Passive || c.NoMITM ||
 				len(c.MITMExceptions) > 0 || len(c.Upstreams) > 0 || c.UpstreamProxy != nil || c.UpstreamCA != "" || c.Template != "" ||
-				len(c.Forwards) > 0 || c.CPUs > DefaultCPUs || c.MemoryMiB > DefaultMemoryMiB || c.DiskGiB > DefaultDiskGiB
+				len(c.Forwards) > 0 || len(c.Secrets) > 0 || c.CPUs > DefaultCPUs || c.MemoryMiB > DefaultMemoryMiB || c.DiskGiB > DefaultDiskGiB
 			for _, p := range c.Ports {
 				wide = wide || p != 80 && p != 443
 			}
