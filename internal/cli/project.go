@@ -186,7 +186,7 @@ is refused until ` + "`abox trust`" + ` of its exact content.`,
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", config.FileName, "abox.yaml to use")
 	cmd.Flags().BoolVar(&o.Provision, "provision", false, "run the provisioning again on an instance already provisioned")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print what up did as JSON")
+	jsonFlag(cmd.Flags(), &asJSON, "print what up did as JSON")
 	return cmd
 }
 

@@ -201,7 +201,7 @@ func newSecretListCmd(e *env) *cobra.Command {
 			return w.Flush()
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	jsonFlag(cmd.Flags(), &asJSON, "")
 	return cmd
 }
 
@@ -372,6 +372,6 @@ and sudo read through pam_env.`,
 	}
 	cmd.Flags().StringVarP(&instance, "instance", "i", "", "the `INSTANCE`")
 	cmd.Flags().BoolVar(&pamEnv, "environment", false, "print NAME=PLACEHOLDER lines for /etc/environment")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	jsonFlag(cmd.Flags(), &asJSON, "")
 	return cmd
 }
