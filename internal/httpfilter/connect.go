@@ -15,6 +15,8 @@ import (
 
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/egress"
+
+	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 
 // serveConnect decides a CONNECT, then intercepts the tunnel (default),
@@ -72,7 +74,7 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 		return
 	}
 	rec.status = http.StatusOK
-	client := withBuffered(conn, brw.Reader)
+	client := connio.WithBuffered(conn, brw.Reader)
 	p.stats.tunnelsOpen.Add(1)
 	defer p.stats.tunnelsOpen.Add(-1)
 	switch {
@@ -103,9 +105,9 @@ func (p *Proxy) serveConnect(ctx context.Context, w http.ResponseWriter, r *http
 	if rec.mode != "tunnel" {
 		// Intercepted bytes are counted per inner request; the tunnel line
 		// carries the raw totals of the connection.
-		if g, ok := conn.(*h1Guard); ok {
-			if ic, ok := g.Conn.(*idleConn); ok {
-				rec.up, rec.down = ic.rx.Load(), ic.tx.Load()
+		if g, ok := conn.(*connio.H1Guard); ok {
+			if ic, ok := g.Conn.(*connio.IdleConn); ok {
+				rec.up, rec.down = ic.Received(), ic.Sent()
 			}
 		}
 	}
@@ -153,7 +155,7 @@ func peekClientHello(c net.Conn) (*tls.ClientHelloInfo, []byte, net.Conn, error)
 	if !clean {
 		return nil, buf[:n], c, errHelloTrailing
 	}
-	return hello, buf[:n], withPrefix(c, bytes.Clone(buf[n:])), nil
+	return hello, buf[:n], connio.WithPrefix(c, bytes.Clone(buf[n:])), nil
 }
 
 // sniMatches reports whether a ClientHello's server name is the CONNECT host,
@@ -192,7 +194,7 @@ func (p *Proxy) tunnel(ctx context.Context, client net.Conn, checked *egress.Che
 		return
 	}
 	p.stats.upstreamDials.Add(1)
-	upc := newIdleConn(up, p.cfg.IdleTimeout, nil)
+	upc := connio.NewIdleConn(up, p.cfg.IdleTimeout, nil)
 	defer upc.Close()
 	if _, err := upc.Write(raw); err != nil {
 		rec.err = err
@@ -226,7 +228,7 @@ func (p *Proxy) tunnel(ctx context.Context, client net.Conn, checked *egress.Che
 		}
 		rec.up += int64(len(raw))
 	}
-	ab, ba := pipe(client, upc, p.panics)
+	ab, ba := connio.Pipe(client, upc, p.panics)
 	rec.up += ab
 	rec.down += ba
 }
@@ -243,7 +245,7 @@ func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target,
 		rec.err = err
 		return
 	}
-	client = withPrefix(client, first[:])
+	client = connio.WithPrefix(client, first[:])
 	sc := &scope{connect: t, authority: t.Authority(), checked: checked, scheme: "https", defaultPort: 443, use: use}
 	if first[0] != 0x16 { // not a TLS handshake record
 		client.SetReadDeadline(time.Time{})
@@ -268,7 +270,7 @@ func (p *Proxy) intercept(ctx context.Context, client net.Conn, t egress.Target,
 			return p.cfg.CA.Leaf(t.Host())
 		},
 	}
-	fc := newCoalescedServer(client, cfg)
+	fc := connio.NewCoalescedServer(client, cfg)
 	tc := fc.Conn
 	hctx, cancel := context.WithTimeout(ctx, p.cfg.HandshakeTimeout)
 	err := tc.HandshakeContext(hctx)
@@ -320,5 +322,5 @@ func (p *Proxy) serveInnerH2(w http.ResponseWriter, r *http.Request) {
 func (p *Proxy) serveInnerH1(ctx context.Context, c net.Conn, sc *scope) {
 	onReject := func(reason string) { p.guardRefused(c.RemoteAddr().String(), sc.authority, reason) }
 	ctx = context.WithValue(context.WithValue(ctx, connKey{}, nil), scopeKey{}, sc)
-	p.serveH1(ctx, newH1Guard(c, p.cfg.MaxHeaderBytes, onReject), p.serveInner)
+	p.serveH1(ctx, connio.NewH1Guard(c, p.cfg.MaxHeaderBytes, onReject), p.serveInner)
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/contain"
+
+	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 
 // panicTrigger in bytes a guest sends makes the test's connection panic
@@ -189,7 +191,7 @@ func TestPipePanicClosesBoth(t *testing.T) {
 	rep := contain.New(nil)
 	done := make(chan struct{})
 	go func() {
-		pipe(guest, &panicConn{Conn: origin}, rep)
+		connio.Pipe(guest, &panicConn{Conn: origin}, rep)
 		close(done)
 	}()
 	go originPeer.Write([]byte(panicTrigger))

@@ -19,6 +19,8 @@ import (
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/reqrules"
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 
 // scope is what an intercepted connection was opened for.
@@ -335,7 +337,7 @@ func (p *Proxy) dialUpstream(ctx context.Context, network, addr string) (net.Con
 		return nil, err
 	}
 	p.stats.upstreamDials.Add(1)
-	return newIdleConn(c, p.cfg.IdleTimeout, nil), nil
+	return connio.NewIdleConn(c, p.cfg.IdleTimeout, nil), nil
 }
 
 // upstreamError maps a transport failure to 502 or 504 with a reason code;
@@ -489,7 +491,7 @@ func (w *countingWriter) ReadFrom(r io.Reader) (int64, error) {
 	if rf, ok := w.ResponseWriter.(io.ReaderFrom); ok {
 		n, err = rf.ReadFrom(r)
 	} else {
-		n, err = copyVia(w.ResponseWriter, r)
+		n, err = connio.CopyVia(w.ResponseWriter, r)
 	}
 	w.rec.down += n
 	return n, err

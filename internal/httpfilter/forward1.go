@@ -18,6 +18,8 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/abox-dev/abox/internal/egress"
+
+	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 
 // hopHeaders are the hop-by-hop fields (RFC 9110 7.6.1) and the proxy's own,
@@ -287,9 +289,9 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 
 	relayHeader(w, resp)
 	var rerr, werr error
-	if !u.key.tls && resp.ContentLength >= bulkMin && out.Method != http.MethodHead {
+	if !u.key.tls && resp.ContentLength >= connio.BulkMin && out.Method != http.MethodHead {
 		rerr, werr = relayRawBody(w, u, resp.ContentLength)
-	} else if u.rb != nil && resp.ContentLength >= bulkMin {
+	} else if u.rb != nil && resp.ContentLength >= connio.BulkMin {
 		rerr, werr = relayBulk(w, resp, u)
 	} else {
 		rerr, werr = relayBody(w, resp)
@@ -431,8 +433,8 @@ func relayHeader(w *countingWriter, resp *http.Response) {
 // does), others are left to the server's buffering.
 func relayBody(w *countingWriter, resp *http.Response) (rerr, werr error) {
 	flush := resp.ContentLength == -1 || isEventStream(resp.Header)
-	bp := copyBufs.Get().(*[]byte)
-	defer copyBufs.Put(bp)
+	bp := connio.CopyBuf()
+	defer connio.PutCopyBuf(bp)
 	return copyBody(w, resp.Body, *bp, flush, nil)
 }
 
@@ -442,9 +444,9 @@ func relayBody(w *countingWriter, resp *http.Response) (rerr, werr error) {
 // writes them at once. It never waits for the network while it holds
 // bytes not yet written.
 func relayBulk(w *countingWriter, resp *http.Response, u *upConn) (rerr, werr error) {
-	buf, release := bulkOrCopyBuf()
+	buf, release := connio.BulkOrCopyBuf()
 	defer release()
-	more := func() bool { return u.br.Buffered() > 0 || u.rb.recordReady() }
+	more := func() bool { return u.br.Buffered() > 0 || u.rb.RecordReady() }
 	return copyBody(w, resp.Body, buf, false, more)
 }
 
@@ -470,9 +472,9 @@ func relayRawBody(w *countingWriter, u *upConn, n int64) (rerr, werr error) {
 		u.br.Discard(int(k))
 		n -= k
 	}
-	rb := &rawBody{src: u.raw, n: n}
+	rb := connio.NewRawBody(u.raw, n)
 	_, err := w.ReadFrom(rb)
-	if err == nil && rb.n > 0 {
+	if err == nil && rb.Remaining() > 0 {
 		err = io.ErrUnexpectedEOF
 	}
 	if err != nil {

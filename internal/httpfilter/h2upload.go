@@ -4,6 +4,8 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 
 // Bounds of what the proxy takes of an upload the origin no longer reads.
@@ -44,8 +46,8 @@ func relayUpload(r *http.Request) io.ReadCloser {
 
 func (u *uploadRelay) run(guest io.ReadCloser, pw *io.PipeWriter) {
 	defer close(u.done)
-	bp := copyBufs.Get().(*[]byte)
-	defer copyBufs.Put(bp)
+	bp := connio.CopyBuf()
+	defer connio.PutCopyBuf(bp)
 	buf := *bp
 	for {
 		n, err := guest.Read(buf)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/egress"
+
+	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 
 // Reason codes of the ClientHello checks of byte tunnels.
@@ -164,10 +166,10 @@ func secondHello(client net.Conn) (*tls.ClientHelloInfo, []byte, net.Conn, error
 		// bytes behind a hello are), which a server that asked for a retry
 		// skips (RFC 8446 4.2.10).
 		if hdr[0] != recordCCS && hdr[0] != recordAppData {
-			client = withPrefix(client, hdr)
+			client = connio.WithPrefix(client, hdr)
 			break
 		}
-		rec, err := readRecord(withPrefix(client, hdr))
+		rec, err := readRecord(connio.WithPrefix(client, hdr))
 		ccs = append(ccs, rec...)
 		if err != nil {
 			return nil, ccs, client, err

@@ -3,6 +3,8 @@ package httpfilter
 import (
 	"net/http"
 	"strings"
+
+	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 
 // Reason codes of the request checks that come before any decision.
@@ -10,10 +12,10 @@ const (
 	// ReasonTraceRefused: TRACE and TRACK echo the request, credentials
 	// included; the proxy answers them itself and never forwards them.
 	ReasonTraceRefused = "trace_refused"
-	// ReasonURITooLong: a request line or target longer than maxRequestLine.
-	ReasonURITooLong = "uri_too_long"
-	// ReasonFieldTooLarge: one header field longer than maxFieldLine.
-	ReasonFieldTooLarge = "header_field_too_large"
+	// ReasonURITooLong: a request line or target longer than connio.MaxRequestLine.
+	ReasonURITooLong = connio.ReasonURITooLong
+	// ReasonFieldTooLarge: one header field longer than connio.MaxFieldLine.
+	ReasonFieldTooLarge = connio.ReasonFieldTooLarge
 )
 
 // requestRefusal applies the checks every request passes before its target
@@ -26,12 +28,12 @@ func requestRefusal(r *http.Request) (status int, reason string) {
 	case "TRACE", "TRACK":
 		return http.StatusMethodNotAllowed, ReasonTraceRefused
 	}
-	if len(r.RequestURI) > maxRequestLine || len(r.Host) > maxRequestLine {
+	if len(r.RequestURI) > connio.MaxRequestLine || len(r.Host) > connio.MaxRequestLine {
 		return http.StatusRequestURITooLong, ReasonURITooLong
 	}
 	for k, vs := range r.Header {
 		for _, v := range vs {
-			if len(k)+len(v)+2 > maxFieldLine {
+			if len(k)+len(v)+2 > connio.MaxFieldLine {
 				return http.StatusRequestHeaderFieldsTooLarge, ReasonFieldTooLarge
 			}
 		}

@@ -30,6 +30,8 @@ import (
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
+
+	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 
 // Config configures a Proxy. Durations of 0 take the documented default.
@@ -132,7 +134,7 @@ type Proxy struct {
 	limits limits
 
 	connsMu sync.Mutex
-	conns   map[*idleConn]struct{} // every open client connection, for shutdown
+	conns   map[*connio.IdleConn]struct{} // every open client connection, for shutdown
 
 	// closing is set when shutdown starts; h1conns are the connections
 	// serveH1 is serving (not hijacked ones), whose idle ones it closes.
@@ -163,8 +165,8 @@ const (
 	// Requests the server loop refuses before any handler sees them.
 	ReasonMalformedRequest = "malformed_request"
 	ReasonHTTPVersion      = "unsupported_http_version"
-	ReasonMissingHost      = "missing_host"
-	ReasonMalformedHost    = "malformed_host"
+	ReasonMissingHost      = connio.ReasonMissingHost
+	ReasonMalformedHost    = connio.ReasonMalformedHost
 	ReasonExpectation      = "unsupported_expectation"
 	// The guest's request body broke before the origin's answer was read.
 	ReasonBodyCut         = "request_body_cut"
@@ -223,7 +225,7 @@ func New(cfg Config) (*Proxy, error) {
 		dlog:   cfg.DecisionLog,
 		lines:  cfg.Decisions,
 		log:    cfg.Logger,
-		conns:  map[*idleConn]struct{}{},
+		conns:  map[*connio.IdleConn]struct{}{},
 		limits: newLimits(cfg),
 	}
 	p.stats.blocked = map[string]uint64{}
@@ -292,7 +294,7 @@ func New(cfg Config) (*Proxy, error) {
 		FlushInterval: 0,
 		ErrorHandler:  p.upstreamError,
 		ErrorLog:      log.New(io.Discard, "", 0),
-		BufferPool:    bufferPool{},
+		BufferPool:    connio.BufferPool{},
 	}
 	p.h2 = &http2.Server{IdleTimeout: cfg.IdleTimeout, MaxConcurrentStreams: 250,
 		MaxUploadBufferPerConnection: h2UploadWindow, MaxUploadBufferPerStream: h2UploadWindow}
@@ -356,7 +358,7 @@ func (p *Proxy) shutdown(ln net.Listener) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	p.connsMu.Lock()
-	open := make([]*idleConn, 0, len(p.conns))
+	open := make([]*connio.IdleConn, 0, len(p.conns))
 	for c := range p.conns {
 		open = append(open, c)
 	}
@@ -373,21 +375,21 @@ func (p *Proxy) shutdown(ln net.Listener) {
 // registration for shutdown. release frees the connection slot.
 func (p *Proxy) track(c net.Conn, release func()) net.Conn {
 	p.stats.connsOpen.Add(1)
-	var ic *idleConn
-	ic = newIdleConn(c, p.cfg.IdleTimeout, func() {
+	var ic *connio.IdleConn
+	ic = connio.NewIdleConn(c, p.cfg.IdleTimeout, func() {
 		p.connsMu.Lock()
 		delete(p.conns, ic)
 		p.connsMu.Unlock()
 		p.stats.connsOpen.Add(-1)
-		p.stats.bytesFromClients.Add(uint64(ic.rx.Load()))
-		p.stats.bytesToClients.Add(uint64(ic.tx.Load()))
+		p.stats.bytesFromClients.Add(uint64(ic.Received()))
+		p.stats.bytesToClients.Add(uint64(ic.Sent()))
 		release()
 	})
 	p.connsMu.Lock()
 	p.conns[ic] = struct{}{}
 	p.connsMu.Unlock()
-	g := newH1Guard(ic, p.cfg.MaxHeaderBytes, func(reason string) { p.guardRefused(c.RemoteAddr().String(), "", reason) })
-	g.bulk = &p.stats.bulkBodies
+	g := connio.NewH1Guard(ic, p.cfg.MaxHeaderBytes, func(reason string) { p.guardRefused(c.RemoteAddr().String(), "", reason) })
+	g.CountBulk(&p.stats.bulkBodies)
 	return g
 }
 
@@ -426,11 +428,6 @@ func (t upstreamRT) RoundTrip(r *http.Request) (*http.Response, error) {
 func h2Usable(cc *http2.ClientConn) bool {
 	return cc.CanTakeNewRequest() && !cc.State().Closed
 }
-
-type bufferPool struct{}
-
-func (bufferPool) Get() []byte  { return *copyBufs.Get().(*[]byte) }
-func (bufferPool) Put(b []byte) { copyBufs.Put(&b) }
 
 // SetKeyLog switches the TLS key log of intercepted client sessions on or
 // off (api.KeyLogger).

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 
 // The guest-side HTTP/1.x server: one loop per connection (plain proxy
@@ -216,8 +218,8 @@ func (hc *h1Conn) badRequest(err error) {
 func (hc *h1Conn) refuse(status int, reason, msg string) {
 	io.WriteString(hc.c, "HTTP/1.1 "+strconv.Itoa(status)+" "+http.StatusText(status)+
 		"\r\nContent-Type: text/plain; charset=utf-8\r\nX-Abox-Reason: "+reason+"\r\nConnection: close\r\n\r\n"+msg)
-	if g, ok := hc.c.(*h1Guard); ok && g.onReject != nil {
-		g.onReject(reason)
+	if g, ok := hc.c.(*connio.H1Guard); ok {
+		g.Refused(reason)
 	}
 }
 

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 
 // h1Response is the http.ResponseWriter of serveH1 (also a Flusher,
@@ -354,10 +356,10 @@ func (w *h1Response) ReadFrom(src io.Reader) (int64, error) {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
-	sb, ok := src.(*rawBody)
+	sb, ok := src.(*connio.RawBody)
 	rf, rfOK := w.hc.c.(io.ReaderFrom)
-	if !ok || !rfOK || !w.committed || w.chunked || w.noBody || w.cl < 0 || w.written+sb.n > w.cl || w.hijacked {
-		return copyVia(struct{ io.Writer }{w}, src)
+	if !ok || !rfOK || !w.committed || w.chunked || w.noBody || w.cl < 0 || w.written+sb.Remaining() > w.cl || w.hijacked {
+		return connio.CopyVia(struct{ io.Writer }{w}, src)
 	}
 	if err := w.FlushError(); err != nil {
 		return 0, err

@@ -6,10 +6,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 
 // TestGuestConnCongestion: the sockets the proxy accepts from the guest use
-// guestCongestion, whatever the host's default (sockopt_linux.go says why).
+// connio.GuestCongestion, whatever the host's default (sockopt_linux.go says why).
 func TestGuestConnCongestion(t *testing.T) {
 	h := newHarness(t, hopts{allow: []string{"example.test"}})
 	c, err := net.Dial("tcp", h.addr)
@@ -17,7 +19,7 @@ func TestGuestConnCongestion(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if got := congestion(t, c); got == guestCongestion {
+	if got := congestion(t, c); got == connio.GuestCongestion {
 		t.Logf("the host's default is %s already: this run proves little", got)
 	}
 	var server net.Conn
@@ -32,8 +34,8 @@ func TestGuestConnCongestion(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if got := congestion(t, server); got != guestCongestion {
-		t.Fatalf("the guest's connection uses %q, want %q", got, guestCongestion)
+	if got := congestion(t, server); got != connio.GuestCongestion {
+		t.Fatalf("the guest's connection uses %q, want %q", got, connio.GuestCongestion)
 	}
 }
 

@@ -16,6 +16,8 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/abox-dev/abox/internal/egress"
+
+	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 
 // Limits of the upstream connection pool.
@@ -59,9 +61,9 @@ type upConn struct {
 	key    upstreamKey
 	t      egress.Target // what it was opened for (revocation)
 	c      net.Conn      // the idleConn, or a tls.Conn over it
-	raw    *idleConn
-	rb     *readBuf    // under the tls.Conn (TLS only)
-	lim    limitReader // between br and c: bounds the response header
+	raw    *connio.IdleConn
+	rb     *connio.ReadBuf // under the tls.Conn (TLS only)
+	lim    limitReader     // between br and c: bounds the response header
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	pooled bool      // it can be put back (its key is a real address)
@@ -187,7 +189,7 @@ func (p *upstreamPool) put(u *upConn) {
 		return
 	}
 	if u.rb != nil {
-		u.rb.idle()
+		u.rb.Idle()
 	}
 	u.idleAt = time.Now()
 	p.mu.Lock()
@@ -366,7 +368,7 @@ func (p *Proxy) dialUpstreamConn(ctx context.Context, st *fwdState) (*upConn, *h
 		return nil, nil, err
 	}
 	p.stats.upstreamDials.Add(1)
-	raw := newIdleConn(c, p.cfg.IdleTimeout, nil)
+	raw := connio.NewIdleConn(c, p.cfg.IdleTimeout, nil)
 	t := st.checked.Target
 	useTLS := st.scheme == "https"
 	u := &upConn{t: t, raw: raw, c: raw}
@@ -379,7 +381,7 @@ func (p *Proxy) dialUpstreamConn(ctx context.Context, st *fwdState) (*upConn, *h
 	if useTLS {
 		cfg := p.upTLS.Clone()
 		cfg.ServerName = t.Host()
-		u.rb = &readBuf{Conn: raw}
+		u.rb = connio.NewReadBuf(raw)
 		tc := tls.Client(u.rb, cfg)
 		hctx, cancel := context.WithTimeout(ctx, p.cfg.HandshakeTimeout)
 		err := tc.HandshakeContext(hctx)

@@ -1,8 +1,7 @@
-package httpfilter
+package connio
 
 import (
 	"bufio"
-	"fmt"
 	"io"
 	"math"
 	"net"
@@ -13,7 +12,7 @@ import (
 	"github.com/abox-dev/abox/internal/contain"
 )
 
-// idleConn closes itself when no byte has moved in either direction for
+// IdleConn closes itself when no byte has moved in either direction for
 // idle. It replaces absolute deadlines: a download of any size or duration
 // lives as long as it keeps moving. Close runs onClose exactly once.
 //
@@ -22,7 +21,7 @@ import (
 // have not changed for idle since the check that last saw them move. So a
 // connection closes after at least idle of silence and at most
 // idle*(1+1/idleChecks) plus the timer's own delay.
-type idleConn struct {
+type IdleConn struct {
 	net.Conn
 	idle    time.Duration
 	timer   atomic.Pointer[time.Timer] // set before it is armed: check always finds it
@@ -34,12 +33,14 @@ type idleConn struct {
 	moved time.Time // when a check last saw the counts change
 }
 
-// idleChecks is how many times per idle period an idleConn looks at its
+// idleChecks is how many times per idle period an IdleConn looks at its
 // byte counts.
 const idleChecks = 4
 
-func newIdleConn(c net.Conn, idle time.Duration, onClose func()) *idleConn {
-	ic := &idleConn{Conn: c, idle: idle, onClose: onClose, moved: time.Now()}
+// NewIdleConn wraps c: it closes after idle without a byte moving (never
+// when idle is 0), and onClose (may be nil) runs once when it closes.
+func NewIdleConn(c net.Conn, idle time.Duration, onClose func()) *IdleConn {
+	ic := &IdleConn{Conn: c, idle: idle, onClose: onClose, moved: time.Now()}
 	if idle > 0 {
 		t := time.AfterFunc(math.MaxInt64, ic.check)
 		ic.timer.Store(t)
@@ -48,7 +49,13 @@ func newIdleConn(c net.Conn, idle time.Duration, onClose func()) *idleConn {
 	return ic
 }
 
-func (c *idleConn) check() {
+// Received is how many bytes were read from the peer so far.
+func (c *IdleConn) Received() int64 { return c.rx.Load() }
+
+// Sent is how many bytes were written to the peer so far.
+func (c *IdleConn) Sent() int64 { return c.tx.Load() }
+
+func (c *IdleConn) check() {
 	now := time.Now()
 	if n := c.rx.Load() + c.tx.Load(); n != c.seen {
 		c.seen, c.moved = n, now
@@ -59,7 +66,7 @@ func (c *idleConn) check() {
 	c.timer.Load().Reset(c.idle / idleChecks)
 }
 
-func (c *idleConn) Read(b []byte) (int, error) {
+func (c *IdleConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	if n > 0 {
 		c.rx.Add(int64(n))
@@ -67,7 +74,7 @@ func (c *idleConn) Read(b []byte) (int, error) {
 	return n, err
 }
 
-func (c *idleConn) Write(b []byte) (int, error) {
+func (c *IdleConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
 	if n > 0 {
 		c.tx.Add(int64(n))
@@ -75,7 +82,7 @@ func (c *idleConn) Write(b []byte) (int, error) {
 	return n, err
 }
 
-func (c *idleConn) Close() error {
+func (c *IdleConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
 		if t := c.timer.Load(); t != nil {
@@ -89,47 +96,7 @@ func (c *idleConn) Close() error {
 }
 
 // CloseWrite half-closes when the underlying connection can.
-func (c *idleConn) CloseWrite() error { return closeWrite(c.Conn) }
-
-// limitListener caps concurrent connections. A connection over the cap gets
-// a 503 and is closed at once instead of queueing in the kernel backlog,
-// where the guest could hold the proxy's file descriptors.
-type limitListener struct {
-	net.Listener
-	p   *Proxy
-	sem chan struct{}
-}
-
-func (l *limitListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		select {
-		case l.sem <- struct{}{}:
-			tuneGuestConn(c)
-			return l.p.track(c, func() { <-l.sem }), nil
-		default:
-			l.p.stats.connsRefused.Add(1)
-			go func() {
-				refuseConn(c)
-				// A blocked line, folded per client as every refusal is:
-				// the limit's trips are in the refusal stream.
-				l.p.guardRefused(c.RemoteAddr().String(), "", ReasonTooManyConns)
-			}()
-		}
-	}
-}
-
-const tooManyBody = "abox proxy: too many connections\n"
-
-func refuseConn(c net.Conn) {
-	c.SetDeadline(time.Now().Add(2 * time.Second))
-	fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nX-Abox-Reason: %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s",
-		ReasonTooManyConns, len(tooManyBody), tooManyBody)
-	c.Close()
-}
+func (c *IdleConn) CloseWrite() error { return closeWrite(c.Conn) }
 
 // prefixConn replays bytes already read (by a bufio.Reader or a ClientHello
 // peek) before reading from the connection again.
@@ -138,19 +105,21 @@ type prefixConn struct {
 	r io.Reader
 }
 
-func withPrefix(c net.Conn, prefix []byte) net.Conn {
+// WithPrefix returns c with prefix read before its own bytes.
+func WithPrefix(c net.Conn, prefix []byte) net.Conn {
 	if len(prefix) == 0 {
 		return c
 	}
 	return &prefixConn{Conn: c, r: io.MultiReader(bytesReader(prefix), c)}
 }
 
-func withBuffered(c net.Conn, br *bufio.Reader) net.Conn {
+// WithBuffered returns c with what br holds of it read first.
+func WithBuffered(c net.Conn, br *bufio.Reader) net.Conn {
 	if br == nil || br.Buffered() == 0 {
 		return c
 	}
 	b, _ := br.Peek(br.Buffered())
-	return withPrefix(c, append([]byte(nil), b...))
+	return WithPrefix(c, append([]byte(nil), b...))
 }
 
 func (c *prefixConn) Read(b []byte) (int, error) { return c.r.Read(b) }
@@ -168,12 +137,12 @@ func (r *byteReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// pipe copies both directions until either side ends, half-closing so
+// Pipe copies both directions until either side ends, half-closing so
 // protocols that shut down one direction first still work. It returns the
 // bytes copied from a to b and from b to a. A panic in the second
 // direction's goroutine closes both connections and is reported to
 // panics; one in the first reaches the caller's goroutine.
-func pipe(a, b net.Conn, panics *contain.Reporter) (ab, ba int64) {
+func Pipe(a, b net.Conn, panics *contain.Reporter) (ab, ba int64) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -191,8 +160,6 @@ func pipe(a, b net.Conn, panics *contain.Reporter) (ab, ba int64) {
 	wg.Wait()
 	return ab, ba
 }
-
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, bigBuf); return &b }}
 
 const (
 	smallBuf = 2 << 10
@@ -243,9 +210,9 @@ func (p *bigPool) put(b *[]byte) {
 	bigBytesInUse.Add(-p.size)
 }
 
-// bulkOrCopyBuf returns a bulk buffer, or an ordinary one when the budget
+// BulkOrCopyBuf returns a bulk buffer, or an ordinary one when the budget
 // is spent, and the function that gives it back.
-func bulkOrCopyBuf() ([]byte, func()) {
+func BulkOrCopyBuf() ([]byte, func()) {
 	if b := bulkBufs.get(); b != nil {
 		return *b, func() { bulkBufs.put(b) }
 	}
@@ -257,7 +224,7 @@ func bulkOrCopyBuf() ([]byte, func()) {
 // cost little, so a direction starts with a small buffer; while reads fill
 // it (a bulk transfer) the bytes go through a large pooled one (bulkBufs),
 // and back to the small buffer as soon as the flow slows down. Every byte
-// passes through both idleConns' Read and Write, which keep the idle
+// passes through both IdleConns' Read and Write, which keep the idle
 // timeout and the byte counts, and through the guest connection's guard.
 func copyHalf(dst, src net.Conn) int64 {
 	small := make([]byte, smallBuf)
@@ -311,5 +278,5 @@ func closeWrite(c net.Conn) error {
 	return c.Close()
 }
 
-func (g *h1Guard) CloseWrite() error    { return closeWrite(g.Conn) }
+func (g *H1Guard) CloseWrite() error    { return closeWrite(g.Conn) }
 func (c *prefixConn) CloseWrite() error { return closeWrite(c.Conn) }

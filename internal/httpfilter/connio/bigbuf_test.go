@@ -1,8 +1,9 @@
-package httpfilter
+package connio
 
 import (
 	"bytes"
 	"io"
+	mrand "math/rand/v2"
 	"testing"
 	"time"
 )
@@ -31,7 +32,7 @@ func TestBigBufferBudget(t *testing.T) {
 	if b := readBufs.get(); b != nil {
 		t.Fatal("a read buffer was handed out past the budget")
 	}
-	buf, release := bulkOrCopyBuf()
+	buf, release := BulkOrCopyBuf()
 	if len(buf) != bigBuf {
 		t.Errorf("past the budget a bulk copy got a %d-byte buffer, want the ordinary %d", len(buf), bigBuf)
 	}
@@ -57,4 +58,12 @@ func TestBigBufferBudget(t *testing.T) {
 	if used := bigBytesInUse.Load(); used != base {
 		t.Errorf("after giving every buffer back %d bytes are counted in use, want %d", used, base)
 	}
+}
+
+// pattern is n deterministic, non-repeating bytes.
+func pattern(n int) []byte {
+	b := make([]byte, n)
+	r := mrand.NewChaCha8([32]byte{1, 2, 3})
+	r.Read(b)
+	return b
 }

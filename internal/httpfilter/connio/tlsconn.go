@@ -1,4 +1,4 @@
-package httpfilter
+package connio
 
 import (
 	"crypto/tls"
@@ -11,7 +11,7 @@ import (
 // reads ciphertext in pieces about as large. The types here sit under
 // tls.Conn and batch those system calls without holding bytes back:
 // coalescer gathers the records of one tls.Conn.Write into one write, and
-// readBuf reads ciphertext in large reads while the peer keeps sending.
+// ReadBuf reads ciphertext in large reads while the peer keeps sending.
 
 // coalesceMin is the smallest plaintext write worth gathering: smaller ones
 // fit one record.
@@ -113,20 +113,20 @@ func (c *coalescer) held() int {
 	return len(*c.buf)
 }
 
-// flushConn is a tls.Conn over a coalescer: a Write large enough to take
+// FlushConn is a tls.Conn over a coalescer: a Write large enough to take
 // several records is gathered into one write of the connection below.
-type flushConn struct {
+type FlushConn struct {
 	*tls.Conn
 	co *coalescer
 }
 
-// newCoalescedServer is tls.Server with its records gathered per Write.
-func newCoalescedServer(c net.Conn, cfg *tls.Config) *flushConn {
+// NewCoalescedServer is tls.Server with its records gathered per Write.
+func NewCoalescedServer(c net.Conn, cfg *tls.Config) *FlushConn {
 	co := &coalescer{Conn: c}
-	return &flushConn{Conn: tls.Server(co, cfg), co: co}
+	return &FlushConn{Conn: tls.Server(co, cfg), co: co}
 }
 
-func (c *flushConn) Write(b []byte) (int, error) {
+func (c *FlushConn) Write(b []byte) (int, error) {
 	if len(b) < coalesceMin {
 		return c.Conn.Write(b)
 	}
@@ -140,7 +140,7 @@ func (c *flushConn) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// Limits of readBuf.
+// Limits of ReadBuf.
 const (
 	// readBufSize is one large read of ciphertext.
 	readBufSize = 256 << 10
@@ -155,19 +155,22 @@ const (
 
 var readBufs = newBigPool(readBufSize)
 
-// readBuf is the connection under an upstream tls.Conn. It passes reads
+// ReadBuf is the connection under an upstream tls.Conn. It passes reads
 // through until one fills the reader's buffer (the peer is sending in
 // bulk); from then on it reads up to readBufSize at once and serves the
 // reader from that, until a fill comes back small. It never reads ahead
 // of what the reader asked for while it holds nothing.
-type readBuf struct {
+type ReadBuf struct {
 	net.Conn
 	big  *[]byte
 	r, w int
 	keep bool // the last fill was large: refill into the same buffer
 }
 
-func (c *readBuf) Read(p []byte) (int, error) {
+// NewReadBuf returns the reader to put under an upstream tls.Conn over c.
+func NewReadBuf(c net.Conn) *ReadBuf { return &ReadBuf{Conn: c} }
+
+func (c *ReadBuf) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -191,7 +194,7 @@ func (c *readBuf) Read(p []byte) (int, error) {
 	return c.serve(p), nil
 }
 
-func (c *readBuf) serve(p []byte) int {
+func (c *ReadBuf) serve(p []byte) int {
 	n := copy(p, (*c.big)[c.r:c.w])
 	c.r += n
 	if c.r == c.w && !c.keep {
@@ -200,21 +203,21 @@ func (c *readBuf) serve(p []byte) int {
 	return n
 }
 
-func (c *readBuf) release() {
+func (c *ReadBuf) release() {
 	if c.big != nil {
 		readBufs.put(c.big)
 		c.big, c.r, c.w = nil, 0, 0
 	}
 }
 
-// idle gives the buffer back when nothing is held in it (the connection
+// Idle gives the buffer back when nothing is held in it (the connection
 // goes back to the pool).
-func (c *readBuf) idle() {
+func (c *ReadBuf) Idle() {
 	if c.r == c.w {
 		c.release()
 	}
 }
 
-// recordReady reports whether a whole TLS record is held, so the tls.Conn
+// RecordReady reports whether a whole TLS record is held, so the tls.Conn
 // above can produce its next plaintext without waiting on the network.
-func (c *readBuf) recordReady() bool { return c.w-c.r >= maxTLSRecord }
+func (c *ReadBuf) RecordReady() bool { return c.w-c.r >= maxTLSRecord }

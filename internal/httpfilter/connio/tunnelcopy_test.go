@@ -1,4 +1,4 @@
-package httpfilter
+package connio
 
 import (
 	"bytes"
@@ -37,7 +37,7 @@ func tcpPair(t *testing.T) (net.Conn, net.Conn) {
 // TestTunnelBulkThenTrickle relays a bulk transfer and then a trickle
 // through pipe with both ends wrapped as in a real tunnel (guard after
 // CONNECT, idle timeout): the bytes arrive intact, are counted on both
-// idleConns, and the trickle after the bulk phase (gaps shorter than the
+// IdleConns, and the trickle after the bulk phase (gaps shorter than the
 // idle timeout, back on the small buffer) keeps the tunnel open.
 func TestTunnelBulkThenTrickle(t *testing.T) {
 	// The margins are wide (a gap is 0.6s, the timeout 1.6s) so that a
@@ -45,17 +45,17 @@ func TestTunnelBulkThenTrickle(t *testing.T) {
 	const idle = 1600 * time.Millisecond
 	guest, clientEnd := tcpPair(t)
 	upEnd, origin := tcpPair(t)
-	cic := newIdleConn(clientEnd, idle, nil)
-	g := newH1Guard(cic, 64<<10, nil)
+	cic := NewIdleConn(clientEnd, idle, nil)
+	g := NewH1Guard(cic, 64<<10, nil)
 	g.st = stPass // as after a CONNECT
-	uic := newIdleConn(upEnd, idle, nil)
+	uic := NewIdleConn(upEnd, idle, nil)
 
 	payload := make([]byte, 16<<20)
 	rand.Read(payload)
 	trickle := []byte("tick!")
 	done := make(chan [2]int64, 1)
 	go func() {
-		ab, ba := pipe(g, uic, nil)
+		ab, ba := Pipe(g, uic, nil)
 		done <- [2]int64{ab, ba}
 	}()
 	go func() {
@@ -80,7 +80,7 @@ func TestTunnelBulkThenTrickle(t *testing.T) {
 		t.Errorf("pipe counted %d bytes down, want %d", n[1], len(want))
 	}
 	if cic.tx.Load() != int64(len(want)) || uic.rx.Load() != int64(len(want)) {
-		t.Errorf("idleConn counts: client tx %d, upstream rx %d, want %d", cic.tx.Load(), uic.rx.Load(), len(want))
+		t.Errorf("IdleConn counts: client tx %d, upstream rx %d, want %d", cic.tx.Load(), uic.rx.Load(), len(want))
 	}
 }
 
@@ -90,11 +90,11 @@ func TestTunnelBulkIdleStillCloses(t *testing.T) {
 	const idle = 300 * time.Millisecond
 	guest, clientEnd := tcpPair(t)
 	upEnd, origin := tcpPair(t)
-	cic := newIdleConn(clientEnd, idle, nil)
-	uic := newIdleConn(upEnd, idle, nil)
+	cic := NewIdleConn(clientEnd, idle, nil)
+	uic := NewIdleConn(upEnd, idle, nil)
 	done := make(chan struct{})
 	go func() {
-		pipe(cic, uic, nil)
+		Pipe(cic, uic, nil)
 		close(done)
 	}()
 	origin.Write(make([]byte, 8<<20))

@@ -1,24 +1,31 @@
-package httpfilter
+package connio
 
 import (
 	"io"
 	"net"
 )
 
-// bulkMin is the smallest plain-HTTP response body relayed straight between
+// BulkMin is the smallest plain-HTTP response body relayed straight between
 // the two connections.
-const bulkMin = 64 << 10
+const BulkMin = 64 << 10
 
-// rawBody is the rest of a plain-HTTP response body of known length: n
+// RawBody is the rest of a plain-HTTP response body of known length: n
 // bytes still to come from the upstream connection src, nothing of them
 // buffered. The guest's connection copies it through a large buffer
-// (h1Guard.ReadFrom); anyone else reads it.
-type rawBody struct {
-	src *idleConn
+// (H1Guard.ReadFrom); anyone else reads it.
+type RawBody struct {
+	src *IdleConn
 	n   int64
 }
 
-func (b *rawBody) Read(p []byte) (int, error) {
+// NewRawBody is the n bytes still to come from src, nothing of them
+// buffered.
+func NewRawBody(src *IdleConn, n int64) *RawBody { return &RawBody{src: src, n: n} }
+
+// Remaining is how many of its bytes have not been read.
+func (b *RawBody) Remaining() int64 { return b.n }
+
+func (b *RawBody) Read(p []byte) (int, error) {
 	if b.n <= 0 {
 		return 0, io.EOF
 	}
@@ -33,15 +40,15 @@ func (b *rawBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// ReadFrom lets net/http's response writer hand a rawBody to the guest's
+// ReadFrom lets net/http's response writer hand a RawBody to the guest's
 // connection: it is copied from the upstream socket to the guest's through a
 // pooled bulkBufs buffer, under the guard's write lock, so a refusal of a
 // pipelined request cannot interleave with it. Any other source is copied
 // through Write.
-func (g *h1Guard) ReadFrom(r io.Reader) (int64, error) {
-	rb, ok := r.(*rawBody)
+func (g *H1Guard) ReadFrom(r io.Reader) (int64, error) {
+	rb, ok := r.(*RawBody)
 	if !ok {
-		return copyVia(g, r)
+		return CopyVia(g, r)
 	}
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
@@ -52,7 +59,8 @@ func (g *h1Guard) ReadFrom(r io.Reader) (int64, error) {
 	return copyBulk(g.Conn, rb)
 }
 
-func copyVia(w io.Writer, r io.Reader) (int64, error) {
+// CopyVia copies r to w through a pooled buffer, hiding w's ReadFrom.
+func CopyVia(w io.Writer, r io.Reader) (int64, error) {
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
 	return io.CopyBuffer(struct{ io.Writer }{w}, r, *bp)
@@ -60,7 +68,7 @@ func copyVia(w io.Writer, r io.Reader) (int64, error) {
 
 // copyBulk copies r to w through a pooled bulkBufs buffer.
 func copyBulk(w io.Writer, r io.Reader) (int64, error) {
-	buf, release := bulkOrCopyBuf()
+	buf, release := BulkOrCopyBuf()
 	defer release()
 	return io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{r}, buf)
 }

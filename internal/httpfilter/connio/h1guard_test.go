@@ -1,4 +1,4 @@
-package httpfilter
+package connio
 
 import (
 	"strings"
@@ -8,7 +8,7 @@ import (
 // scanAll feeds b to a fresh guard in pieces of size step and returns the
 // refusal reason ("" if none) and the state reached.
 func scanAll(b []byte, step int) (string, h1State) {
-	g := &h1Guard{maxHeader: 1024, first: true}
+	g := &H1Guard{maxHeader: 1024, first: true}
 	for len(b) > 0 {
 		n := min(step, len(b))
 		if rej := g.scan(b[:n]); rej != nil {

@@ -1,4 +1,4 @@
-package httpfilter
+package connio
 
 import (
 	"net"
@@ -6,7 +6,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// guestCongestion is the congestion control of the guest's connections to
+// GuestCongestion is the congestion control of the guest's connections to
 // the proxy. The link to the guest is host-local: nothing is lost on it but
 // what arrives out of order, and a control that paces (BBR, often the host's
 // default) or backs off on that reordering (CUBIC's HyStart and spurious
@@ -16,12 +16,12 @@ import (
 // its window until the guest's receive window is the limit, so a download's
 // bytes are sent by the proxy's writes; every kernel has it and any process
 // may choose it.
-const guestCongestion = "reno"
+const GuestCongestion = "reno"
 
-// tuneGuestConn sets the guest connection's socket options. It is best
+// TuneGuestConn sets the guest connection's socket options. It is best
 // effort: a connection that is not TCP, or a kernel that refuses, keeps its
 // defaults.
-func tuneGuestConn(c net.Conn) {
+func TuneGuestConn(c net.Conn) {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		return
@@ -31,6 +31,6 @@ func tuneGuestConn(c net.Conn) {
 		return
 	}
 	rc.Control(func(fd uintptr) {
-		_ = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, guestCongestion)
+		_ = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, GuestCongestion)
 	})
 }

@@ -1,4 +1,4 @@
-package httpfilter
+package connio
 
 import (
 	"net"
@@ -12,8 +12,8 @@ import (
 func BenchmarkTunnelCopy(b *testing.B) {
 	guest, clientEnd := tcpPairB(b)
 	upEnd, origin := tcpPairB(b)
-	var a, u net.Conn = newIdleConn(clientEnd, time.Minute, nil), newIdleConn(upEnd, time.Minute, nil)
-	go pipe(a, u, nil)
+	var a, u net.Conn = NewIdleConn(clientEnd, time.Minute, nil), NewIdleConn(upEnd, time.Minute, nil)
+	go Pipe(a, u, nil)
 	n := int64(b.N) << 20
 	b.SetBytes(1 << 20)
 	var r0, r1 syscall.Rusage

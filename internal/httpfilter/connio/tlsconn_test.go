@@ -1,14 +1,16 @@
-package httpfilter
+package connio
 
 import (
-	"bufio"
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"io"
+	"math/big"
 	"net"
-	"net/http"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,22 +29,12 @@ func (c *countingConn) Write(p []byte) (int, error) {
 
 // tlsPair is a TCP connection with a coalesced TLS server on one end and a
 // plain tls.Client on the other.
-func tlsPair(t *testing.T) (*flushConn, *countingConn, *tls.Conn) {
+func tlsPair(t *testing.T) (*FlushConn, *countingConn, *tls.Conn) {
 	t.Helper()
 	cc, sc := tcpPair(t)
-	oca := testOriginCA(t)
-	leaf, err := oca.Leaf("pair.test")
-	if err != nil {
-		t.Fatal(err)
-	}
+	leaf, roots := selfSigned(t, "pair.test")
 	cnt := &countingConn{Conn: sc}
-	fc := newCoalescedServer(cnt, &tls.Config{Certificates: []tls.Certificate{*leaf}})
-	oc, err := oca.Certificate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(oc)
+	fc := NewCoalescedServer(cnt, &tls.Config{Certificates: []tls.Certificate{leaf}})
 	client := tls.Client(cc, &tls.Config{ServerName: "pair.test", RootCAs: roots})
 	t.Cleanup(func() { fc.Close(); client.Close() })
 	errc := make(chan error, 1)
@@ -112,87 +104,6 @@ func TestCoalescerErrorIsSticky(t *testing.T) {
 	}
 }
 
-// TestInterceptedBulkBody: a large body of known length from an HTTPS
-// origin reaches the intercepted guest byte for byte (twice, over one
-// upstream connection that the large reads leave reusable); a body the
-// origin cuts short arrives broken; and bytes already received from the
-// origin are passed on while the origin pauses mid-body, never held until
-// more arrive.
-func TestInterceptedBulkBody(t *testing.T) {
-	const size = 3<<20 + 12345
-	body := pattern(size)
-	const first = 200 << 10
-	received := make(chan struct{})
-	paused := make(chan bool, 1)
-	mux := http.NewServeMux()
-	mux.HandleFunc("/pattern", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", strconv.Itoa(size))
-		w.Write(body)
-	})
-	mux.HandleFunc("/pause", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", strconv.Itoa(size))
-		w.Write(body[:first])
-		w.(http.Flusher).Flush()
-		select {
-		case <-received:
-			paused <- true
-		case <-time.After(30 * time.Second): // only ends a hang
-			paused <- false
-		}
-		w.Write(body[first:])
-	})
-	mux.HandleFunc("/cut", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", strconv.Itoa(size))
-		w.Write(body[:size/3])
-		w.(http.Flusher).Flush()
-		panic(http.ErrAbortHandler)
-	})
-	h := newHarness(t, hopts{allow: []string{"origin.test"}})
-	o := startOriginWith(t, "bulk", "", true, false, mux)
-	h.allowOrigin("origin.test", o, port(t, o.Server))
-	base := "https://origin.test:" + port(t, o.Server)
-	c := h.client(false)
-	for i := 0; i < 2; i++ {
-		resp, err := c.Get(base + "/pattern")
-		if err != nil {
-			t.Fatal(err)
-		}
-		wantExact(t, i, resp, body)
-	}
-	if n := o.opened.Load(); n != 1 {
-		t.Errorf("origin saw %d connections for two downloads, want 1 (reused after a bulk body)", n)
-	}
-
-	resp, err := c.Get(base + "/pause")
-	if err != nil {
-		t.Fatal(err)
-	}
-	br := bufio.NewReader(resp.Body)
-	got := make([]byte, first)
-	if _, err := io.ReadFull(br, got); err != nil || !bytes.Equal(got, body[:first]) {
-		t.Fatalf("first part of a paused body: %v, exact %v", err, bytes.Equal(got, body[:first]))
-	}
-	close(received)
-	if !<-paused {
-		t.Fatal("the origin's first bytes never reached the guest while it paused: the proxy held them")
-	}
-	rest, err := io.ReadAll(br)
-	resp.Body.Close()
-	if err != nil || !bytes.Equal(rest, body[first:]) {
-		t.Fatalf("rest of the paused body: %d bytes, %v", len(rest), err)
-	}
-
-	resp, err = c.Get(base + "/cut")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if err == nil || n >= size {
-		t.Errorf("a body cut short by the origin arrived as %d bytes with err %v; want a broken response", n, err)
-	}
-}
-
 // scriptConn serves reads from a script of chunks: a read returns at most
 // what is left of the current chunk, as a socket returns what has arrived.
 type scriptConn struct {
@@ -220,7 +131,7 @@ func (c *scriptConn) Read(p []byte) (int, error) {
 func TestReadBufLargeReadsThenGivesBack(t *testing.T) {
 	all := pattern(900<<10 + 10)
 	sc := &scriptConn{chunks: [][]byte{all[:900<<10], all[900<<10:]}}
-	rb := &readBuf{Conn: sc}
+	rb := NewReadBuf(sc)
 	var got []byte
 	p := make([]byte, 16<<10)
 	held := false
@@ -246,4 +157,34 @@ func TestReadBufLargeReadsThenGivesBack(t *testing.T) {
 	if rb.big != nil {
 		t.Error("the buffer is still held after a small read was drained")
 	}
+}
+
+// selfSigned is a certificate for name and the pool that trusts it.
+func selfSigned(t *testing.T, name string) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: name},
+		DNSNames:     []string{name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA:         true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(cert)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: cert}, roots
 }

@@ -1,4 +1,4 @@
-package httpfilter
+package connio
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 )
 
-// h1Guard validates every HTTP/1.x request header block that crosses a
+// H1Guard validates every HTTP/1.x request header block that crosses a
 // connection before net/http parses it. net/http accepts obsolete line
 // folding and Content-Length together with Transfer-Encoding (it drops the
 // Content-Length); a filtering proxy refuses both, because two parsers that
@@ -20,7 +20,7 @@ import (
 // The guard follows the message framing (Content-Length or chunked bodies)
 // to find where the next request starts, and stops looking after a CONNECT
 // or an Upgrade request, when the connection stops carrying HTTP/1.
-type h1Guard struct {
+type H1Guard struct {
 	net.Conn
 	maxHeader int
 
@@ -62,14 +62,28 @@ type guardReject struct {
 	reason string
 }
 
-func newH1Guard(c net.Conn, maxHeader int, onReject func(string)) *h1Guard {
-	return &h1Guard{Conn: c, maxHeader: maxHeader, first: true, onReject: onReject, bulk: &noBulk}
+// NewH1Guard guards c: a request header block larger than maxHeader, or
+// any framing it refuses, is answered with its status and reason, the
+// connection ends, and onReject (may be nil) is told the reason.
+func NewH1Guard(c net.Conn, maxHeader int, onReject func(string)) *H1Guard {
+	return &H1Guard{Conn: c, maxHeader: maxHeader, first: true, onReject: onReject, bulk: &noBulk}
+}
+
+// CountBulk makes n count the bodies relayed by ReadFrom.
+func (g *H1Guard) CountBulk(n *atomic.Uint64) { g.bulk = n }
+
+// Refused tells the guard's onReject of a refusal made above it (by the
+// server loop), so every refusal of a connection is reported one way.
+func (g *H1Guard) Refused(reason string) {
+	if g.onReject != nil {
+		g.onReject(reason)
+	}
 }
 
 // noBulk counts for guards nobody asks (intercepted connections).
 var noBulk atomic.Uint64
 
-func (g *h1Guard) Read(p []byte) (int, error) {
+func (g *H1Guard) Read(p []byte) (int, error) {
 	if g.readErr != nil {
 		return 0, g.readErr
 	}
@@ -87,7 +101,7 @@ func (g *h1Guard) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (g *h1Guard) Write(p []byte) (int, error) {
+func (g *H1Guard) Write(p []byte) (int, error) {
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
 	if g.rejected {
@@ -96,7 +110,7 @@ func (g *h1Guard) Write(p []byte) (int, error) {
 	return g.Conn.Write(p)
 }
 
-func (g *h1Guard) refuse(r *guardReject) {
+func (g *H1Guard) refuse(r *guardReject) {
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
 	if g.rejected {
@@ -126,12 +140,14 @@ func statusText(code int) string {
 // Limits of one line: a chunk-size line, the request line (longer is 414)
 // and one header field (longer is 431), besides the whole block's maxHeader.
 const (
-	maxChunkLine   = 4096
-	maxRequestLine = 8 << 10
-	maxFieldLine   = 16 << 10
+	maxChunkLine = 4096
+	// MaxRequestLine is the longest request line (and target) accepted.
+	MaxRequestLine = 8 << 10
+	// MaxFieldLine is the longest header field accepted.
+	MaxFieldLine = 16 << 10
 )
 
-func (g *h1Guard) scan(b []byte) *guardReject {
+func (g *H1Guard) scan(b []byte) *guardReject {
 	for len(b) > 0 {
 		switch g.st {
 		case stPass:
@@ -162,11 +178,11 @@ func (g *h1Guard) scan(b []byte) *guardReject {
 				if n > maxChunkLine {
 					return &guardReject{400, "invalid_chunk"}
 				}
-			case g.first && n > maxRequestLine:
+			case g.first && n > MaxRequestLine:
 				return &guardReject{414, ReasonURITooLong}
 			case g.hdrBytes+n > g.maxHeader:
 				return &guardReject{431, "headers_too_large"}
-			case !g.first && n > maxFieldLine:
+			case !g.first && n > MaxFieldLine:
 				return &guardReject{431, ReasonFieldTooLarge}
 			}
 			g.line = append(g.line, chunk...)
@@ -184,14 +200,14 @@ func (g *h1Guard) scan(b []byte) *guardReject {
 	return nil
 }
 
-func (g *h1Guard) reset() {
+func (g *H1Guard) reset() {
 	g.st, g.first, g.hdrBytes = stHeader, true, 0
 	g.method, g.http10, g.clSeen, g.clVal, g.teSeen, g.upgrade = g.method[:0], false, false, g.clVal[:0], false, false
 	g.hostSeen = false
 }
 
 // endLine handles one complete line (without its LF).
-func (g *h1Guard) endLine(line []byte) *guardReject {
+func (g *H1Guard) endLine(line []byte) *guardReject {
 	line = bytes.TrimSuffix(line, []byte("\r"))
 	if bytes.IndexByte(line, '\r') >= 0 {
 		return &guardReject{400, "bare_cr"}
@@ -248,7 +264,7 @@ func (g *h1Guard) endLine(line []byte) *guardReject {
 	return nil
 }
 
-func (g *h1Guard) headerLine(line []byte) *guardReject {
+func (g *H1Guard) headerLine(line []byte) *guardReject {
 	if line[0] == ' ' || line[0] == '\t' {
 		return &guardReject{400, "obs_fold"}
 	}
@@ -295,7 +311,7 @@ func (g *h1Guard) headerLine(line []byte) *guardReject {
 	return nil
 }
 
-func (g *h1Guard) endHeaders() *guardReject {
+func (g *H1Guard) endHeaders() *guardReject {
 	if g.clSeen && g.teSeen {
 		return &guardReject{400, "content_length_with_transfer_encoding"}
 	}
