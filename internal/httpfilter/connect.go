@@ -322,5 +322,5 @@ func (p *Proxy) serveInnerH2(w http.ResponseWriter, r *http.Request) {
 func (p *Proxy) serveInnerH1(ctx context.Context, c net.Conn, sc *scope) {
 	onReject := func(reason string) { p.guardRefused(c.RemoteAddr().String(), sc.authority, reason) }
 	ctx = context.WithValue(context.WithValue(ctx, connKey{}, nil), scopeKey{}, sc)
-	p.serveH1(ctx, connio.NewH1Guard(c, p.cfg.MaxHeaderBytes, onReject), p.serveInner)
+	p.srv.Serve(ctx, connio.NewH1Guard(c, p.cfg.MaxHeaderBytes, onReject), p.serveInner)
 }

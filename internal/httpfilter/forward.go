@@ -71,7 +71,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveOuterRequest is ServeHTTP with the request's context passed apart
-// (the server loop gives its requests none: see h1Handler).
+// (the server loop gives its requests none: see h1.Handler).
 func (p *Proxy) serveOuterRequest(ctx context.Context, w http.ResponseWriter, r *http.Request) {
 	w = closeAfterUpgrade(w, r)
 	rec := &record{start: time.Now(), kind: "http", client: r.RemoteAddr, method: r.Method}

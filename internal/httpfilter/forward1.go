@@ -1,7 +1,6 @@
 package httpfilter
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/net/http/httpguts"
@@ -20,47 +18,9 @@ import (
 	"github.com/abox-dev/abox/internal/egress"
 
 	"github.com/abox-dev/abox/internal/httpfilter/connio"
+
+	"github.com/abox-dev/abox/internal/httpfilter/h1"
 )
-
-// hopHeaders are the hop-by-hop fields (RFC 9110 7.6.1) and the proxy's own,
-// removed in both directions together with every name listed in Connection.
-var hopHeaders = []string{
-	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
-}
-
-func removeHopByHop(h http.Header) {
-	for _, v := range h["Connection"] {
-		for _, tok := range strings.Split(v, ",") {
-			if tok = textproto.TrimString(tok); tok != "" {
-				delete(h, textproto.CanonicalMIMEHeaderKey(tok))
-			}
-		}
-	}
-	if len(h) > len(hopHeaders) {
-		for _, k := range hopHeaders {
-			delete(h, k)
-		}
-		return
-	}
-	// A small header (the usual one) is cheaper to walk than to probe
-	// for every hop-by-hop name.
-	for k := range h {
-		if isHopHeader(k) {
-			delete(h, k)
-		}
-	}
-}
-
-// isHopHeader reports whether k is one of hopHeaders.
-func isHopHeader(k string) bool {
-	switch k {
-	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
-		return true
-	}
-	return false
-}
 
 // errStaleWrite and errStaleRead are exchanges that failed on a reused
 // connection before the origin sent a byte: it closed the connection while
@@ -164,10 +124,10 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 	// the exchange at once, whatever the origin is doing: through the
 	// watch of the guest's HTTP/1 connection, else a watch of its own.
 	var stop func() bool
-	xw := exchangeWatchOf(w)
+	xw := h1.WatchOf(w.ResponseWriter)
 	if xw == nil {
 		stop = context.AfterFunc(ctx, u.closeF)
-	} else if !xw.begin(u) {
+	} else if !xw.Begin(&u.closeF) {
 		u.close()
 		return false, ctx.Err()
 	}
@@ -175,7 +135,7 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 	defer func() {
 		var untouched bool
 		if xw != nil {
-			untouched = xw.end(u)
+			untouched = xw.End(&u.closeF)
 		} else {
 			untouched = stop()
 		}
@@ -219,7 +179,7 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 			if err == nil {
 				up.mu.Lock()
 				if !up.hdrDone {
-					u.hdr.begin()
+					u.hdr.Begin()
 				}
 				up.mu.Unlock()
 			} else if cb, ok := guestBody(out.Body); ok && cb.broken.Load() {
@@ -230,14 +190,14 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 			up.done <- err
 		}()
 	} else {
-		err := writeRequest(u.bw, out)
+		err := h1.WriteRequest(u.bw, out)
 		if err == nil {
 			err = u.bw.Flush()
 		}
 		if err != nil {
 			return false, errStaleWrite
 		}
-		u.hdr.begin()
+		u.hdr.Begin()
 	}
 
 	u.lim.limited, u.lim.n = true, upMaxResponseHeader
@@ -259,10 +219,10 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 	if up != nil {
 		up.mu.Lock()
 		up.hdrDone = true
-		u.hdr.end()
+		u.hdr.End()
 		up.mu.Unlock()
 	} else {
-		u.hdr.end()
+		u.hdr.End()
 	}
 	if cb, ok := guestBody(out.Body); ok && cb.broken.Load() {
 		// The guest cut its body: the upload closed this connection, and
@@ -275,7 +235,7 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
-		if u.hdr.expired.Load() {
+		if u.hdr.Expired() {
 			return false, errResponseHeaderTimeout
 		}
 		if u.lim.read == 0 && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err)) {
@@ -313,48 +273,6 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		}
 	}
 	return false, nil
-}
-
-// exchangeWatch closes the upstream connection of the exchange in flight on
-// one guest HTTP/1 connection when that connection's context ends (the
-// guest left, a revocation closed its connection, shutdown). serveH1
-// registers it once per connection with context.AfterFunc, where each
-// exchange would otherwise register (and allocate) a callback of its own.
-type exchangeWatch struct {
-	done atomic.Bool
-	cur  atomic.Pointer[upConn]
-}
-
-// fire runs when the context ends.
-func (x *exchangeWatch) fire() {
-	x.done.Store(true)
-	if u := x.cur.Swap(nil); u != nil {
-		u.close()
-	}
-}
-
-// begin makes u the connection to close; false when the context has
-// already ended (the caller closes u).
-func (x *exchangeWatch) begin(u *upConn) bool {
-	x.cur.Store(u)
-	if x.done.Load() {
-		x.cur.CompareAndSwap(u, nil)
-		return false
-	}
-	return true
-}
-
-// end reports whether the context left u alone while it was current (as
-// the stop function context.AfterFunc returns).
-func (x *exchangeWatch) end(u *upConn) bool { return x.cur.CompareAndSwap(u, nil) }
-
-// exchangeWatchOf returns the watch of the HTTP/1 guest connection w
-// answers on, nil for any other (HTTP/2 inside a tunnel).
-func exchangeWatchOf(w *countingWriter) *exchangeWatch {
-	if hw, ok := w.ResponseWriter.(*h1Response); ok {
-		return &hw.hc.watch
-	}
-	return nil
 }
 
 // upload is the state exchange shares with the goroutine writing a request
@@ -409,9 +327,8 @@ func (p *Proxy) roundTripH2(ctx context.Context, out *http.Request, st *fwdState
 // relayHeader gives the guest the origin's status and header, without the
 // hop-by-hop fields, announcing its trailers.
 func relayHeader(w *countingWriter, resp *http.Response) {
-	removeHopByHop(resp.Header)
-	hw, ok := w.ResponseWriter.(*h1Response)
-	if !ok || !hw.adoptHeader(resp.Header) {
+	h1.RemoveHopByHop(resp.Header)
+	if !h1.AdoptHeader(w.ResponseWriter, resp.Header) {
 		h := w.Header()
 		for k, vv := range resp.Header {
 			h[k] = vv
@@ -532,7 +449,7 @@ func (p *Proxy) outbound(r *http.Request, st *fwdState) *http.Request {
 	}
 	h := r.Header
 	keepTE := httpguts.HeaderValuesContainsToken(h["Te"], "trailers")
-	removeHopByHop(h)
+	h1.RemoveHopByHop(h)
 	if keepTE {
 		h["Te"] = []string{"trailers"}
 	}
@@ -589,7 +506,7 @@ func forwardTrailer(r *http.Request) (http.Header, io.ReadCloser) {
 	var decl http.Header
 	for k := range r.Trailer {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
-		if !httpguts.ValidTrailerHeader(ck) || isHopHeader(ck) || isRoutingField(ck) {
+		if !httpguts.ValidTrailerHeader(ck) || h1.IsHopHeader(ck) || isRoutingField(ck) {
 			continue
 		}
 		if decl == nil {
@@ -629,64 +546,6 @@ func (b *trailerBody) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
-}
-
-// writeRequest writes out (without a body) on bw as out.Write does. A GET
-// or HEAD with a plain ASCII host, the common case, is written here without
-// Request.Write's allocations: the request line with URL.RequestURI(), Host,
-// User-Agent (none when empty), then the other fields as writeFields
-// writes them (no Content-Length: a GET or HEAD without a body has none).
-// Anything else goes through Request.Write.
-func writeRequest(bw *bufio.Writer, out *http.Request) error {
-	host := out.Host
-	if out.Body != nil || out.Close || len(out.Trailer) > 0 ||
-		(out.Method != http.MethodGet && out.Method != http.MethodHead) ||
-		!plainHost(host) || !httpguts.ValidHostHeader(host) {
-		return out.Write(bw)
-	}
-	ruri := out.URL.RequestURI()
-	for i := 0; i < len(ruri); i++ {
-		if ruri[i] < ' ' || ruri[i] == 0x7f {
-			return out.Write(bw) // and its error
-		}
-	}
-	bw.WriteString(out.Method)
-	bw.WriteByte(' ')
-	bw.WriteString(ruri)
-	bw.WriteString(" HTTP/1.1\r\nHost: ")
-	bw.WriteString(host)
-	bw.WriteString("\r\n")
-	ua := "Go-http-client/1.1"
-	if vs, ok := out.Header["User-Agent"]; ok {
-		ua = ""
-		if len(vs) > 0 {
-			ua = vs[0]
-		}
-	}
-	if ua != "" {
-		if strings.ContainsAny(ua, "\r\n") {
-			ua = strings.NewReplacer("\r", " ", "\n", " ").Replace(ua)
-		}
-		bw.WriteString("User-Agent: ")
-		bw.WriteString(textproto.TrimString(ua))
-		bw.WriteString("\r\n")
-	}
-	writeFields(bw, out.Header, requestOwnFields)
-	_, err := bw.WriteString("\r\n")
-	return err
-}
-
-// requestOwnFields are written by writeRequest itself, or not at all.
-var requestOwnFields = map[string]bool{"Host": true, "User-Agent": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true}
-
-// plainHost: ASCII without a zone (Request.Write would convert or strip).
-func plainHost(h string) bool {
-	for i := 0; i < len(h); i++ {
-		if h[i] >= 0x80 || h[i] == '%' {
-			return false
-		}
-	}
-	return h != ""
 }
 
 // hostHeader is t.HostHeader(defaultPort) reusing its authority.

@@ -32,6 +32,8 @@ import (
 	"github.com/abox-dev/abox/internal/policy"
 
 	"github.com/abox-dev/abox/internal/httpfilter/connio"
+
+	"github.com/abox-dev/abox/internal/httpfilter/h1"
 )
 
 // Config configures a Proxy. Durations of 0 take the documented default.
@@ -136,11 +138,9 @@ type Proxy struct {
 	connsMu sync.Mutex
 	conns   map[*connio.IdleConn]struct{} // every open client connection, for shutdown
 
-	// closing is set when shutdown starts; h1conns are the connections
-	// serveH1 is serving (not hijacked ones), whose idle ones it closes.
-	closing atomic.Bool
-	h1mu    sync.Mutex
-	h1conns map[*h1Conn]struct{}
+	// srv serves the guest's HTTP/1.x connections (plain and intercepted)
+	// and closes the idle ones at shutdown.
+	srv h1.Server
 
 	live liveSet // connections held for a target, re-checked on policy changes
 
@@ -163,11 +163,11 @@ const (
 	ReasonH2CUpgrade      = "h2c_upgrade"
 	ReasonUpgradeRefused  = "upgrade_not_supported"
 	// Requests the server loop refuses before any handler sees them.
-	ReasonMalformedRequest = "malformed_request"
-	ReasonHTTPVersion      = "unsupported_http_version"
-	ReasonMissingHost      = connio.ReasonMissingHost
-	ReasonMalformedHost    = connio.ReasonMalformedHost
-	ReasonExpectation      = "unsupported_expectation"
+	ReasonMalformedRequest = h1.ReasonMalformedRequest
+	ReasonHTTPVersion      = h1.ReasonHTTPVersion
+	ReasonMissingHost      = h1.ReasonMissingHost
+	ReasonMalformedHost    = h1.ReasonMalformedHost
+	ReasonExpectation      = h1.ReasonExpectation
 	// The guest's request body broke before the origin's answer was read.
 	ReasonBodyCut         = "request_body_cut"
 	ReasonTooManyConns    = "too_many_connections"
@@ -236,6 +236,7 @@ func New(cfg Config) (*Proxy, error) {
 		p.log = slog.New(slog.DiscardHandler)
 	}
 	p.panics = contain.New(p.log)
+	p.srv.HeaderTimeout, p.srv.Panics = p.cfg.HandshakeTimeout, p.panics
 	p.keylog = &keyLog{path: cfg.KeyLogPath, max: cfg.KeyLogMaxBytes, log: p.log}
 	for _, port := range cfg.Ports {
 		p.ports[port] = true
@@ -325,7 +326,7 @@ func (p *Proxy) Addr() net.Addr { return p.cfg.Listener.Addr() }
 
 // Serve runs the proxy until ctx ends, then shuts down within
 // ShutdownTimeout, closing tunnels that are still open. HTTP/1.x is served
-// by serveH1 (server1.go).
+// by the engine in internal/httpfilter/h1.
 func (p *Proxy) Serve(ctx context.Context) error {
 	ln := &limitListener{Listener: p.cfg.Listener, p: p, sem: make(chan struct{}, p.cfg.MaxConns)}
 	// The policy watched for changes is the one in force before the first
@@ -351,10 +352,10 @@ func (p *Proxy) Serve(ctx context.Context) error {
 // gives those serving one ShutdownTimeout to finish; then it closes every
 // connection left, tunnels included.
 func (p *Proxy) shutdown(ln net.Listener) {
-	p.closing.Store(true)
+	p.srv.Shutdown()
 	ln.Close()
 	deadline := time.Now().Add(p.cfg.ShutdownTimeout)
-	for p.closeIdleH1() > 0 && time.Now().Before(deadline) {
+	for p.srv.CloseIdle() > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	p.connsMu.Lock()

@@ -13,6 +13,8 @@ import (
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/reqrules"
 	"github.com/abox-dev/abox/internal/secrets"
+
+	"github.com/abox-dev/abox/internal/httpfilter/h1"
 )
 
 // SecretSource is what the proxy needs of its instance's secrets;
@@ -69,7 +71,7 @@ func (p *Proxy) applySecrets(ctx context.Context, w http.ResponseWriter, r *http
 	}
 	sent := r.Header.Clone()
 	keepTE := httpguts.HeaderValuesContainsToken(sent["Te"], "trailers")
-	removeHopByHop(sent)
+	h1.RemoveHopByHop(sent)
 	if keepTE {
 		sent["Te"] = []string{"trailers"}
 	}

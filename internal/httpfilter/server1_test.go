@@ -8,13 +8,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/abox-dev/abox/internal/httpfilter/h1"
 )
 
 // framingMux is the origin of the server loop's framing tests.
@@ -281,7 +281,7 @@ func TestServerSecondRequestBeforeFirstAnswer(t *testing.T) {
 }
 
 // TestServerDrainsUnreadBody: a refusal never reads the request body; the
-// server reads and drops it (up to maxDrain) so the next request on the
+// server reads and drops it (up to h1.MaxDrain) so the next request on the
 // connection is parsed from where it really starts. A larger body closes
 // the connection instead, and none of its bytes is taken for a request.
 func TestServerDrainsUnreadBody(t *testing.T) {
@@ -329,7 +329,7 @@ func TestServerDrainsUnreadBody(t *testing.T) {
 		if _, b := f.read("GET"); b != "GET /echo/after2 0" {
 			t.Fatalf("the request after a drained chunked body: %q", b)
 		}
-		big := inner + strings.Repeat("y", maxDrain+(64<<10))
+		big := inner + strings.Repeat("y", h1.MaxDrain+(64<<10))
 		go io.WriteString(f.c, refused("/", "Content-Length: "+strconv.Itoa(len(big))+"\r\n", big)+f.req("GET", "/echo/late", "", ""))
 		if resp, _ := f.read("POST"); resp.StatusCode != 403 {
 			t.Fatalf("blocked large POST: %d", resp.StatusCode)
@@ -543,72 +543,6 @@ func TestServerClosesAfterGuardRefusal(t *testing.T) {
 			}
 		}
 	})
-}
-
-// TestWriteRequestAsRequestWrite: the upstream request writer's fast path
-// puts the same request on the wire as Request.Write, header order aside
-// (it writes them unsorted), and leaves every other request to it.
-func TestWriteRequestAsRequestWrite(t *testing.T) {
-	mk := func(method, target, host string, h http.Header) *http.Request {
-		u, err := url.Parse(target)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return &http.Request{Method: method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Host: host, Header: h}
-	}
-	cases := []*http.Request{
-		mk("GET", "http://a.test/x", "a.test", http.Header{"User-Agent": {""}, "Accept": {"*/*"}}),
-		mk("GET", "http://a.test:8080/p%20q/r?s=1&t=%2F", "a.test:8080", http.Header{"User-Agent": {" curl/8\r"}, "X-Multi": {"1", "2"}, "Cookie": {"a=b"}}),
-		mk("HEAD", "http://[::1]:81/", "[::1]:81", http.Header{"X-Cr": {"a\rb\nc"}, "X-Pad": {"  v  "}}),
-		mk("GET", "http://a.test/", "a.test", http.Header{"Bad Name": {"v"}, "Content-Length": {"5"}, "Trailer": {"X"}, "Host": {"other.test"}}),
-		mk("GET", "http://a.test/", "a.test", http.Header{}),
-		mk("POST", "http://a.test/", "a.test", http.Header{"User-Agent": {""}}),
-		mk("GET", "http://a.test/", "bücher.test", http.Header{"User-Agent": {""}}),
-		// obs-text and control bytes that only Unicode trimming would
-		// take off: Request.Write trims spaces, tabs, CR and LF alone.
-		mk("GET", "http://a.test/", "a.test", http.Header{"User-Agent": {"\u00a0ua\u0085"}, "X-Nbsp": {"\u00a0v\u00a0"}, "X-Ctl": {"\vv\f"}, "X-Wide": {"\u3000v\u2003"}}),
-	}
-	for i, r := range cases {
-		var want, got strings.Builder
-		bw := bufio.NewWriter(&want)
-		if err := r.Write(bw); err != nil {
-			t.Fatal(err)
-		}
-		bw.Flush()
-		bw = bufio.NewWriter(&got)
-		if err := writeRequest(bw, r); err != nil {
-			t.Fatal(err)
-		}
-		bw.Flush()
-		if sortedLines(got.String()) != sortedLines(want.String()) {
-			t.Errorf("case %d:\n got %q\nwant %q", i, got.String(), want.String())
-		}
-	}
-}
-
-// sortedLines is a request head with its field lines sorted (the request
-// line stays first).
-func sortedLines(s string) string {
-	head, rest, _ := strings.Cut(s, "\r\n")
-	lines := strings.Split(strings.TrimSuffix(rest, "\r\n\r\n"), "\r\n")
-	sort.Strings(lines)
-	return head + "|" + strings.Join(lines, "|") + "|" + strings.TrimPrefix(rest, strings.TrimSuffix(rest, "\r\n\r\n"))
-}
-
-// TestWriteFieldsAsHeaderWrite: the header blocks the server loop writes
-// to the guest carry each value as http.Header.Write does: only spaces,
-// tabs, CR and LF are trimmed, never obs-text (U+00A0, U+0085) or other
-// control bytes, so a field keeps its bytes across the proxy.
-func TestWriteFieldsAsHeaderWrite(t *testing.T) {
-	h := http.Header{"X-Nbsp": {"\u00a0v\u00a0"}, "X-Nel": {"v\u0085"}, "X-Ctl": {"\vv\f"}, "X-Pad": {" \tv\t "}, "X-Crlf": {"a\r\nb"}}
-	var want, got strings.Builder
-	h.Write(&want)
-	bw := bufio.NewWriter(&got)
-	writeFields(bw, h, nil)
-	bw.Flush()
-	if sortedLines("x\r\n"+got.String()+"\r\n") != sortedLines("x\r\n"+want.String()+"\r\n") {
-		t.Errorf("got %q\nwant %q", got.String(), want.String())
-	}
 }
 
 // TestServerLoopRefusalsLogged: a request the server loop itself refuses

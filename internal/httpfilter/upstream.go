@@ -18,6 +18,8 @@ import (
 	"github.com/abox-dev/abox/internal/egress"
 
 	"github.com/abox-dev/abox/internal/httpfilter/connio"
+
+	"github.com/abox-dev/abox/internal/httpfilter/h1"
 )
 
 // Limits of the upstream connection pool.
@@ -66,9 +68,9 @@ type upConn struct {
 	lim    limitReader     // between br and c: bounds the response header
 	br     *bufio.Reader
 	bw     *bufio.Writer
-	pooled bool      // it can be put back (its key is a real address)
-	idleAt time.Time // when it was put back
-	hdr    hdrClock  // ResponseHeaderTimeout of the exchange in flight
+	pooled bool           // it can be put back (its key is a real address)
+	idleAt time.Time      // when it was put back
+	hdr    h1.HeaderClock // ResponseHeaderTimeout of the exchange in flight
 
 	// For alive's peek, set once at dial: the raw socket (nil when it has
 	// none), the callback and its result.
@@ -82,7 +84,7 @@ type upConn struct {
 
 func (u *upConn) close() {
 	u.c.Close()
-	u.hdr.stop()
+	u.hdr.Stop()
 }
 
 // limitReader refuses to read more than n bytes while limited; the header
@@ -403,7 +405,7 @@ func (p *Proxy) dialUpstreamConn(ctx context.Context, st *fwdState) (*upConn, *h
 		}
 		u.c = tc
 	}
-	u.hdr.start(raw, p.cfg.ResponseHeaderTimeout)
+	u.hdr.Start(raw, p.cfg.ResponseHeaderTimeout)
 	u.lim.r = u.c
 	u.br = bufio.NewReaderSize(&u.lim, upReadBuf)
 	u.bw = bufio.NewWriterSize(u.c, upWriteBuf)

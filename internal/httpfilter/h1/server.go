@@ -1,4 +1,4 @@
-package httpfilter
+package h1
 
 import (
 	"bufio"
@@ -33,7 +33,7 @@ import (
 //     short answer, no body for HEAD, 1xx, 204 and 304, trailers, Date;
 //   - keep-alive: HTTP/1.0 keep-alive, Connection: close from either side,
 //     an answer shorter than its Content-Length or a request body left
-//     unread past maxDrain closes the connection;
+//     unread past MaxDrain closes the connection;
 //   - Hijack (CONNECT, WebSocket) and http.ErrAbortHandler.
 //
 // The h1 guard has already refused malformed framing before the parser
@@ -43,9 +43,9 @@ import (
 const (
 	h1ReadBuf  = 4 << 10
 	h1WriteBuf = 4 << 10
-	// maxDrain is how much of a request body the handler left unread is
+	// MaxDrain is how much of a request body the handler left unread is
 	// read and discarded to keep the connection; more closes it.
-	maxDrain = 256 << 10
+	MaxDrain = 256 << 10
 	// pendingMax is how much of an answer of unknown length is held back
 	// before its header is sent, so that a short one gets a Content-Length.
 	pendingMax = 2 << 10
@@ -56,77 +56,44 @@ var (
 	h1Writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, h1WriteBuf) }}
 )
 
-// h1Conn is one guest connection served by serveH1.
+// h1Conn is one guest connection served by Serve.
 type h1Conn struct {
-	p       *Proxy
+	s       *Server
 	c       net.Conn // the h1 guard
 	br      *bufio.Reader
 	bw      *bufio.Writer
 	ctx     context.Context
 	remote  string
-	handler h1Handler
+	handler Handler
 	idle    atomic.Bool // waiting for a request: shutdown closes it
-	hdr     hdrClock
+	hdr     HeaderClock
 	w       h1Response // reused by every request
 	body    *h1Body    // the current request's body, nil without one
-	watch   exchangeWatch
+	watch   Watch
 }
 
-// h1Handler serves one request of serveH1's. The request's own context is
-// the background: ctx is the connection's (cancelled by revocation and
-// shutdown, with its values), passed apart so that no copy of the request
-// is made to carry it (Request.WithContext).
-type h1Handler func(ctx context.Context, w http.ResponseWriter, r *http.Request)
-
-// guestConn is the guest's connection as revocation sees it: closing it
-// also ends the context of the request in flight (its upstream exchange).
-type guestConn struct {
-	net.Conn
-	cancel context.CancelFunc
-}
-
-func (g *guestConn) Close() error {
-	g.cancel()
-	return g.Conn.Close()
-}
-
-// serveOuter serves a connection accepted on the proxy's listener. A panic
-// anywhere in serving it (the server loop, a CONNECT tunnel, an
-// interception) ends this connection only, not the daemon.
-func (p *Proxy) serveOuter(ctx context.Context, c net.Conn) {
-	defer func() {
-		if v := recover(); v != nil {
-			p.panics.Report("http connection", v, "client", c.RemoteAddr().String())
-			c.Close()
-		}
-	}()
-	ctx, cancel := context.WithCancel(withClient(ctx, c))
-	defer cancel()
-	ctx = context.WithValue(ctx, connKey{}, net.Conn(&guestConn{Conn: c, cancel: cancel}))
-	p.serveH1(ctx, c, p.serveOuterRequest)
-}
-
-// serveH1 serves HTTP/1.x requests on c until either side ends the
-// connection; c is closed on return unless a handler hijacked it.
-func (p *Proxy) serveH1(ctx context.Context, c net.Conn, h h1Handler) {
-	hc := &h1Conn{p: p, c: c, ctx: ctx, remote: c.RemoteAddr().String(), handler: h}
+// Serve serves HTTP/1.x requests on c (the guest's connection, under its
+// connio.H1Guard) with h until either side ends the connection; c is
+// closed on return unless a handler hijacked it.
+func (s *Server) Serve(ctx context.Context, c net.Conn, h Handler) {
+	hc := &h1Conn{s: s, c: c, ctx: ctx, remote: c.RemoteAddr().String(), handler: h}
 	hc.br = h1Readers.Get().(*bufio.Reader)
 	hc.br.Reset(c)
 	hc.bw = h1Writers.Get().(*bufio.Writer)
 	hc.bw.Reset(c)
 	hc.w.hc = hc
 	hc.w.header = make(http.Header)
-	if !p.addH1(hc) {
+	if !s.add(hc) {
 		c.Close()
 		return
 	}
-	hc.hdr.start(c, p.cfg.HandshakeTimeout)
+	hc.hdr.Start(c, s.HeaderTimeout)
 	stopWatch := context.AfterFunc(ctx, hc.watch.fire)
 	hijacked := false
 	defer func() {
 		stopWatch()
-		hc.hdr.stop()
-		p.removeH1(hc)
+		hc.hdr.Stop()
+		s.remove(hc)
 		if hijacked {
 			return // the handler owns c, br and bw now
 		}
@@ -149,7 +116,7 @@ func (p *Proxy) serveH1(ctx context.Context, c net.Conn, h h1Handler) {
 	for first := true; ; first = false {
 		if !first {
 			hc.idle.Store(true)
-			if p.closing.Load() {
+			if s.closing.Load() {
 				return
 			}
 			_, err := hc.br.Peek(1)
@@ -158,9 +125,9 @@ func (p *Proxy) serveH1(ctx context.Context, c net.Conn, h h1Handler) {
 				return
 			}
 		}
-		hc.hdr.begin()
+		hc.hdr.Begin()
 		req, err := hc.readRequest()
-		hc.hdr.end()
+		hc.hdr.End()
 		if err != nil {
 			hc.badRequest(err)
 			return
@@ -270,7 +237,7 @@ func (hc *h1Conn) run(w *h1Response, req *http.Request) (ok bool) {
 	defer func() {
 		if v := recover(); v != nil {
 			if v != http.ErrAbortHandler {
-				hc.p.panics.Report("http request", v, "client", hc.remote)
+				hc.s.Panics.Report("http request", v, "client", hc.remote)
 			}
 			ok = false
 		}
@@ -340,7 +307,7 @@ func (b *h1Body) Close() error {
 	return nil
 }
 
-// drain reads what the handler left of the body, up to maxDrain, and
+// drain reads what the handler left of the body, up to MaxDrain, and
 // reports whether the next request starts right after it. Any later read
 // through the body fails.
 func (b *h1Body) drain() bool {
@@ -353,6 +320,6 @@ func (b *h1Body) drain() bool {
 	case b.closed || b.detached:
 		return false // closed early: where it ends is not known
 	}
-	_, err := io.CopyN(io.Discard, b.rc, maxDrain+1)
+	_, err := io.CopyN(io.Discard, b.rc, MaxDrain+1)
 	return err == io.EOF
 }

@@ -1,11 +1,8 @@
-package httpfilter
+package h1
 
 import (
 	"bufio"
-	"context"
-	"errors"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"net/textproto"
@@ -13,14 +10,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 
-// h1Response is the http.ResponseWriter of serveH1 (also a Flusher,
+// h1Response is the http.ResponseWriter of Server.Serve (also a Flusher,
 // Hijacker and ReaderFrom).
 type h1Response struct {
 	hc     *h1Conn
@@ -82,6 +78,15 @@ func (w *h1Response) adoptHeader(h http.Header) bool {
 	}
 	w.header = h
 	return true
+}
+
+// AdoptHeader makes h (an origin's header, relayed as it is) the header of
+// the answer w is writing instead of copying it field by field, when w is
+// the server loop's and nothing of its answer is set yet; it reports
+// whether it did. The map is w's from then on (w.Header() returns it).
+func AdoptHeader(w http.ResponseWriter, h http.Header) bool {
+	hw, ok := w.(*h1Response)
+	return ok && hw.adoptHeader(h)
 }
 
 // writeContinue answers 100-continue, unless the answer has started.
@@ -209,7 +214,7 @@ func (w *h1Response) commit() {
 	} else if !w.is11 || w.wantsClose {
 		w.closeAfter = true
 	}
-	if httpguts.HeaderValuesContainsToken(h["Connection"], "close") || w.hc.p.closing.Load() {
+	if httpguts.HeaderValuesContainsToken(h["Connection"], "close") || w.hc.s.closing.Load() {
 		w.closeAfter = true
 	}
 	if w.expect && !w.body.sawEOF.Load() {
@@ -385,7 +390,7 @@ func (w *h1Response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		}
 	}
 	w.hijacked = true
-	hc.p.removeH1(hc)
+	hc.s.remove(hc)
 	return hc.c, bufio.NewReadWriter(hc.br, hc.bw), nil
 }
 
@@ -421,138 +426,4 @@ func (w *h1Response) finish() bool {
 		w.werr = bw.Flush()
 	}
 	return keep && w.werr == nil
-}
-
-// hdrClock bounds a wait for a header (the guest's request header,
-// HandshakeTimeout; an origin's response header, ResponseHeaderTimeout)
-// without a deadline change per request: begin and end only store a time,
-// and one timer per connection looks at it. A wait that runs past the
-// bound closes the connection, so the read in progress fails, and marks
-// the clock expired.
-type hdrClock struct {
-	since   atomic.Int64 // unix nanoseconds when the wait started; 0 between waits
-	stopped atomic.Bool
-	expired atomic.Bool
-	d       time.Duration
-	c       net.Conn
-	t       atomic.Pointer[time.Timer] // set once; its callback may run before start returns
-}
-
-func (k *hdrClock) start(c net.Conn, d time.Duration) {
-	k.c, k.d = c, d
-	// Armed only once stored, so that check always finds it.
-	t := time.AfterFunc(math.MaxInt64, k.check)
-	k.t.Store(t)
-	t.Reset(d)
-}
-
-func (k *hdrClock) check() {
-	if k.stopped.Load() {
-		return // a Reset now would keep a closed connection's timer alive
-	}
-	t := k.t.Load()
-	s := k.since.Load()
-	if s == 0 {
-		t.Reset(k.d)
-		return
-	}
-	late := time.Duration(time.Now().UnixNano() - s)
-	if late >= k.d {
-		k.expired.Store(true)
-		k.c.Close()
-		return
-	}
-	t.Reset(k.d - late)
-}
-
-func (k *hdrClock) begin() { k.since.Store(time.Now().UnixNano()) }
-func (k *hdrClock) end()   { k.since.Store(0) }
-
-func (k *hdrClock) stop() {
-	if !k.stopped.Swap(true) {
-		if t := k.t.Load(); t != nil {
-			t.Stop()
-		}
-	}
-}
-
-// httpDate is the Date field, formatted once per second.
-func httpDate() string {
-	now := time.Now()
-	sec := now.Unix()
-	if d := cachedDate.Load(); d != nil && d.sec == sec {
-		return d.s
-	}
-	d := &dateValue{sec: sec, s: now.UTC().Format(http.TimeFormat)}
-	cachedDate.Store(d)
-	return d.s
-}
-
-type dateValue struct {
-	sec int64
-	s   string
-}
-
-var cachedDate atomic.Pointer[dateValue]
-
-// addH1 registers a served connection for shutdown; false once the proxy
-// is shutting down.
-func (p *Proxy) addH1(hc *h1Conn) bool {
-	p.h1mu.Lock()
-	defer p.h1mu.Unlock()
-	if p.closing.Load() {
-		return false
-	}
-	if p.h1conns == nil {
-		p.h1conns = map[*h1Conn]struct{}{}
-	}
-	p.h1conns[hc] = struct{}{}
-	return true
-}
-
-func (p *Proxy) removeH1(hc *h1Conn) {
-	p.h1mu.Lock()
-	delete(p.h1conns, hc)
-	p.h1mu.Unlock()
-}
-
-// closeIdleH1 closes the connections waiting for a request and reports
-// how many are still serving one.
-func (p *Proxy) closeIdleH1() int {
-	p.h1mu.Lock()
-	defer p.h1mu.Unlock()
-	busy := 0
-	for hc := range p.h1conns {
-		if hc.idle.Load() {
-			hc.c.Close()
-		} else {
-			busy++
-		}
-	}
-	return busy
-}
-
-// acceptLoop serves every connection the listener accepts until it is
-// closed; temporary errors (out of file descriptors) are retried with a
-// growing pause, as net/http does.
-func (p *Proxy) acceptLoop(ctx context.Context, ln net.Listener) error {
-	var pause time.Duration
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if p.closing.Load() {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Temporary() { //nolint:staticcheck // as net/http
-				pause = min(max(2*pause, 5*time.Millisecond), time.Second)
-				p.log.Warn("accepting a connection", "err", err, "retry_in", pause)
-				time.Sleep(pause)
-				continue
-			}
-			return err
-		}
-		pause = 0
-		go p.serveOuter(ctx, c)
-	}
 }
