@@ -397,23 +397,26 @@ func (p *Proxy) track(c net.Conn, release func()) net.Conn {
 // guardRefused logs and counts a request the h1 guard refused before it
 // was parsed, or the server loop refused before any handler saw it.
 func (p *Proxy) guardRefused(client, connect, reason string) {
-	status := 400
+	rec := &record{start: time.Now(), kind: "http", client: client, connect: connect,
+		verdict: allowlist.Block, reason: reason, denialID: newDenialID()}
+	// Written by the deferred finish, as every request's line is (see
+	// TestEveryLineIsOneDeferredFinish).
+	defer p.finish(rec)
+	rec.status = 400
 	switch reason {
 	case "headers_too_large", ReasonFieldTooLarge:
-		status = 431
+		rec.status = 431
 	case ReasonURITooLong:
-		status = 414
+		rec.status = 414
 	case "unsupported_transfer_encoding":
-		status = 501
+		rec.status = 501
 	case ReasonHTTPVersion:
-		status = 505
+		rec.status = 505
 	case ReasonExpectation:
-		status = 417
+		rec.status = 417
 	case ReasonTooManyConns:
-		status = 503
+		rec.status = 503
 	}
-	p.finish(&record{start: time.Now(), kind: "http", client: client, connect: connect, status: status,
-		verdict: allowlist.Block, reason: reason, denialID: newDenialID()})
 }
 
 // upstreamRT sends ReverseProxy's requests (WebSocket upgrades) through the
