@@ -15,7 +15,6 @@ import (
 
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/egress"
-
 	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/contain"
-
 	"github.com/abox-dev/abox/internal/httpfilter/connio"
 )
 

@@ -16,9 +16,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/abox-dev/abox/internal/egress"
-
 	"github.com/abox-dev/abox/internal/httpfilter/connio"
-
 	"github.com/abox-dev/abox/internal/httpfilter/h1"
 )
 
@@ -357,7 +355,7 @@ func relayBody(w *countingWriter, resp *http.Response) (rerr, werr error) {
 
 // relayBulk streams a large body of known length from an upstream TLS
 // connection: each write to the guest carries every record that had
-// already arrived, up to bulkBufs' size, so the guest's own TLS layer
+// already arrived, up to a bulk buffer's size (connio), so the guest's own TLS layer
 // writes them at once. It never waits for the network while it holds
 // bytes not yet written.
 func relayBulk(w *countingWriter, resp *http.Response, u *upConn) (rerr, werr error) {
@@ -377,8 +375,8 @@ func relayTrailers(w *countingWriter, resp *http.Response) {
 
 // relayRawBody sends a plain-HTTP body of n bytes: what the header read
 // buffered, then the rest straight from the upstream connection to the
-// guest's, in large pieces when the guest's connection takes a rawBody
-// (h1Guard.ReadFrom). The response's own body reader is bypassed; the
+// guest's, in large pieces when the guest's connection takes a connio.RawBody
+// (connio.H1Guard.ReadFrom). The response's own body reader is bypassed; the
 // connection ends exactly after the body.
 func relayRawBody(w *countingWriter, u *upConn, n int64) (rerr, werr error) {
 	if k := min(int64(u.br.Buffered()), n); k > 0 {

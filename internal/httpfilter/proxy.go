@@ -28,12 +28,10 @@ import (
 	"github.com/abox-dev/abox/internal/contain"
 	"github.com/abox-dev/abox/internal/decisionlog"
 	"github.com/abox-dev/abox/internal/egress"
+	"github.com/abox-dev/abox/internal/httpfilter/connio"
+	"github.com/abox-dev/abox/internal/httpfilter/h1"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
-
-	"github.com/abox-dev/abox/internal/httpfilter/connio"
-
-	"github.com/abox-dev/abox/internal/httpfilter/h1"
 )
 
 // Config configures a Proxy. Durations of 0 take the documented default.
@@ -489,7 +487,7 @@ type stats struct {
 	// pass has run.
 	policyChanges atomic.Uint64
 	// bulkBodies counts plain-HTTP response bodies relayed straight
-	// between the connections (h1Guard.ReadFrom).
+	// between the connections (connio.H1Guard.ReadFrom).
 	bulkBodies atomic.Uint64
 	mu         sync.Mutex
 	blocked    map[string]uint64

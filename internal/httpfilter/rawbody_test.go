@@ -33,7 +33,7 @@ func wantExact(t *testing.T, i int, resp *http.Response, body []byte) {
 }
 
 // TestBulkBodyExact: a large plain-HTTP body relayed straight between the
-// connections (h1Guard.ReadFrom) arrives byte for byte, the upstream
+// connections (connio.H1Guard.ReadFrom) arrives byte for byte, the upstream
 // connection is reused after it, and a body the origin cuts short reaches
 // the guest as a broken response, never as a whole one.
 func TestBulkBodyExact(t *testing.T) {

@@ -11,10 +11,9 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/abox-dev/abox/internal/egress"
+	"github.com/abox-dev/abox/internal/httpfilter/h1"
 	"github.com/abox-dev/abox/internal/reqrules"
 	"github.com/abox-dev/abox/internal/secrets"
-
-	"github.com/abox-dev/abox/internal/httpfilter/h1"
 )
 
 // SecretSource is what the proxy needs of its instance's secrets;

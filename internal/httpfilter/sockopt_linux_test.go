@@ -11,7 +11,7 @@ import (
 )
 
 // TestGuestConnCongestion: the sockets the proxy accepts from the guest use
-// connio.GuestCongestion, whatever the host's default (sockopt_linux.go says why).
+// connio.GuestCongestion, whatever the host's default (connio/sockopt_linux.go says why).
 func TestGuestConnCongestion(t *testing.T) {
 	h := newHarness(t, hopts{allow: []string{"example.test"}})
 	c, err := net.Dial("tcp", h.addr)

@@ -16,9 +16,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/abox-dev/abox/internal/egress"
-
 	"github.com/abox-dev/abox/internal/httpfilter/connio"
-
 	"github.com/abox-dev/abox/internal/httpfilter/h1"
 )
 
@@ -62,7 +60,7 @@ type upstreamKey struct {
 type upConn struct {
 	key    upstreamKey
 	t      egress.Target // what it was opened for (revocation)
-	c      net.Conn      // the idleConn, or a tls.Conn over it
+	c      net.Conn      // the connio.IdleConn, or a tls.Conn over it
 	raw    *connio.IdleConn
 	rb     *connio.ReadBuf // under the tls.Conn (TLS only)
 	lim    limitReader     // between br and c: bounds the response header

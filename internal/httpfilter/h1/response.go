@@ -355,7 +355,7 @@ func (w *h1Response) startBody() {
 }
 
 // ReadFrom sends a body of known length through the guest connection's
-// own ReadFrom (the h1 guard moves a rawBody through a large buffer); any
+// own ReadFrom (the h1 guard moves a connio.RawBody through a large buffer); any
 // other body is copied through Write.
 func (w *h1Response) ReadFrom(src io.Reader) (int64, error) {
 	if !w.wroteHeader {
