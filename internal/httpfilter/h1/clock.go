@@ -60,6 +60,7 @@ func (k *HeaderClock) Expired() bool { return k.expired.Load() }
 func (k *HeaderClock) Begin() { k.since.Store(time.Now().UnixNano()) }
 func (k *HeaderClock) End()   { k.since.Store(0) }
 
+// Stop disarms the clock for good (the connection is done).
 func (k *HeaderClock) Stop() {
 	if !k.stopped.Swap(true) {
 		if t := k.t.Load(); t != nil {
