@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/abox-dev/abox/internal/allowlist"
@@ -190,6 +191,10 @@ type record struct {
 	// secret's name, where, why); injected names the secrets set on the
 	// request. Never a value or a placeholder.
 	secret, injected string
+	// bodyLeak is set by a bodyScan that stopped the body at a
+	// placeholder (its goroutine may be an upload relay's): the secret
+	// field's text for the refusal.
+	bodyLeak atomic.Pointer[string]
 }
 
 func (r *record) apply(d decision) {
@@ -220,6 +225,7 @@ func clientAddr(hostport string) netip.Addr {
 
 // finish writes the log line and counts the outcome.
 func (p *Proxy) finish(r *record) {
+	p.redactPath(r)
 	p.cfg.Policy.Observe(policy.Observation{Kind: r.kind, Host: r.host, Port: r.port, Method: r.method, Path: r.path, Status: r.status, Allowed: r.verdict == allowlist.Allow, Reason: r.reason, Tunnel: r.mode == "tunnel"})
 	p.stats.requests.Add(1)
 	switch {
@@ -376,6 +382,7 @@ func (r *record) line(now time.Time) *decisionlog.Line {
 // the reason code, the same code in X-Abox-Reason, and a denial id that is
 // also in the log line.
 func (p *Proxy) refuse(w http.ResponseWriter, r *record, status int, reason string, closeConn bool) {
+	p.redactPath(r) // the answer names the path too
 	r.verdict, r.reason, r.status = allowlist.Block, reason, status
 	r.denialID = newDenialID()
 	if r.shown != "" {

@@ -18,6 +18,7 @@ import (
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/reqrules"
+	"github.com/abox-dev/abox/internal/secrets"
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/abox-dev/abox/internal/httpfilter/connio"
@@ -353,6 +354,13 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 
 // failUpstream answers a request the upstream failed before any answer.
 func (p *Proxy) failUpstream(ctx context.Context, w http.ResponseWriter, rec *record, err error) {
+	if leak := rec.bodyLeak.Load(); leak != nil {
+		// The body was stopped at a placeholder (scanRest): a leak,
+		// refused as the secrets step refuses one.
+		rec.secret = *leak
+		p.refuse(w, rec, http.StatusForbidden, secrets.ReasonSecretLeak, true)
+		return
+	}
 	rec.err = err
 	status, reason := classifyUpstreamErr(err)
 	if ctx.Err() != nil {

@@ -86,12 +86,12 @@ func (p *Proxy) applySecrets(ctx context.Context, w http.ResponseWriter, r *http
 		Header: sent,
 		Body:   peekBody(r),
 	})
-	rec.path = pol.Redact(rec.path)
 	if sd.Refused {
 		rec.secret = sd.Denial()
 		p.refuse(w, rec, http.StatusForbidden, sd.Reason, false)
 		return false
 	}
+	scanRest(r, rec, pol)
 	if len(sd.Inject) == 0 {
 		return true
 	}
@@ -155,4 +155,93 @@ func peekBody(r *http.Request) []byte {
 	}
 	r.Body = &replayBody{ReadCloser: r.Body, prefix: buf[:n], err: err}
 	return buf[:n]
+}
+
+// errPlaceholderInBody stops a body in which bodyScan found a placeholder.
+var errPlaceholderInBody = errors.New("a placeholder in the request body")
+
+// scanRest makes the part of r's body that Decide did not see (all of a
+// body without a Content-Length, what lies past MaxSecretBodyScan) pass
+// through a bodyScan, so that a placeholder in it never reaches the
+// origin: the body stops before the bytes holding it, and the request is
+// refused as a leak (failUpstream) if nothing was answered yet.
+func scanRest(r *http.Request, rec *record, pol *secrets.Policy) {
+	if r.Body == nil || r.Body == http.NoBody || (r.ContentLength >= 0 && r.ContentLength <= MaxSecretBodyScan) {
+		return
+	}
+	r.Body = &bodyScan{ReadCloser: r.Body, pol: pol, rec: rec}
+}
+
+// bodyScan passes a body on, holding back its last PlaceholderSpan-1
+// bytes until more follows or it ends, and stops at the first placeholder
+// of the instance: no byte from the placeholder's start on is passed on.
+type bodyScan struct {
+	io.ReadCloser
+	pol  *secrets.Policy
+	rec  *record
+	buf  []byte // read, not passed on yet
+	err  error  // the body's own end or error, once buf is drained
+	from []byte // scratch for reads
+}
+
+func (b *bodyScan) Read(p []byte) (int, error) {
+	for {
+		if b.rec.bodyLeak.Load() != nil {
+			return 0, errPlaceholderInBody
+		}
+		hold := secrets.PlaceholderSpan - 1
+		if b.err != nil {
+			hold = 0
+		}
+		if n := len(b.buf) - hold; n > 0 {
+			n = copy(p, b.buf[:n])
+			b.buf = b.buf[n:]
+			return n, nil
+		}
+		if b.err != nil {
+			return 0, b.err
+		}
+		if b.from == nil {
+			b.from = make([]byte, 32<<10)
+		}
+		m, err := b.ReadCloser.Read(b.from)
+		if m > 0 {
+			b.buf = append(b.buf, b.from[:m]...)
+			if name := b.pol.SecretIn(b.buf); name != "" {
+				d := secrets.ReasonSecretLeak + ": secret " + name + " in the " + secrets.WhereBody + " (" + secrets.DetailPlacement + ")"
+				b.rec.bodyLeak.Store(&d)
+				return 0, errPlaceholderInBody
+			}
+		}
+		if err != nil {
+			b.err = err
+		}
+	}
+}
+
+// redactPath takes the instance's placeholders out of a record's path before
+// its line is written, whichever step decided the request (a rules
+// refusal comes before the secrets step). Only a path that holds the
+// placeholders' prefix costs the policy's lookup.
+func (p *Proxy) redactPath(r *record) {
+	if p.cfg.Secrets == nil || !hasPlaceholderPrefix(r.path) {
+		return
+	}
+	pol, err := p.cfg.Secrets.Policy()
+	if err != nil {
+		p.secretsError(err)
+	}
+	r.path = pol.Redact(r.path)
+}
+
+// hasPlaceholderPrefix reports whether s holds secrets.PlaceholderPrefix in
+// any case, without allocating.
+func hasPlaceholderPrefix(s string) bool {
+	const pre = secrets.PlaceholderPrefix
+	for i := 0; i+len(pre) <= len(s); i++ {
+		if s[i]|0x20 == pre[0] && strings.EqualFold(s[i:i+len(pre)], pre) {
+			return true
+		}
+	}
+	return false
 }

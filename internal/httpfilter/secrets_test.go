@@ -26,6 +26,8 @@ type tokenOrigin struct {
 	got   [][]string // the Authorization values of every request read
 	proto []string
 	uris  []string // the request-targets read
+	// bodies holds what the origin read of each request body, cut or not.
+	bodies []string
 }
 
 func (o *tokenOrigin) setWant(v string) {
@@ -35,8 +37,9 @@ func (o *tokenOrigin) setWant(v string) {
 }
 
 func (o *tokenOrigin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	io.Copy(io.Discard, r.Body)
+	body, _ := io.ReadAll(r.Body)
 	o.mu.Lock()
+	o.bodies = append(o.bodies, string(body))
 	auth := r.Header.Values("Authorization")
 	o.got = append(o.got, auth)
 	o.proto = append(o.proto, r.Proto)
@@ -78,11 +81,18 @@ const testInstance = "dev"
 
 func newSecretsFixture(t *testing.T, rules ...string) *secretsFixture {
 	t.Helper()
+	return newSecretsFixtureAllowing(t, []string{"api.test", "other.test", "late.test"}, rules...)
+}
+
+// newSecretsFixtureAllowing is newSecretsFixture with the allowlist's
+// lines, which must allow api.test and other.test.
+func newSecretsFixtureAllowing(t *testing.T, allow []string, rules ...string) *secretsFixture {
+	t.Helper()
 	f := &secretsFixture{api: &tokenOrigin{}, other: &tokenOrigin{}}
 	// The store is outside the proxy's directory: its value file is the
 	// one place the value may be.
 	f.store = secrets.Open(filepath.Join(t.TempDir(), "secrets"))
-	f.h = newHarness(t, hopts{allow: []string{"api.test", "other.test", "late.test"}, secrets: f.store.Source(testInstance)})
+	f.h = newHarness(t, hopts{allow: allow, secrets: f.store.Source(testInstance)})
 	apiSrv := newHTTPSOrigin(t, f.api)
 	otherSrv := newHTTPSOrigin(t, f.other)
 	plainSrv := newHTTPOrigin(t, f.api)
@@ -467,6 +477,101 @@ func TestSecretBindingRulesDecideTheSentPath(t *testing.T) {
 			if resp.StatusCode != 200 || len(uris) != 1 || uris[0] != want {
 				t.Errorf("h2 %v: PUT %s = %d %q, origin read %q; want %s, the form the binding decided", h2, p, resp.StatusCode, body, uris, want)
 			}
+		}
+	}
+}
+
+// TestSecretPlaceholderRedactedWhateverRefused: a placeholder in the path
+// of a request the host's request rules refuse (before the secrets step)
+// is not in its decision line either. assertNoValue, at cleanup, searches
+// every line for the placeholder.
+func TestSecretPlaceholderRedactedWhateverRefused(t *testing.T) {
+	f := newSecretsFixtureAllowing(t, []string{"api.test GET /v1/**", "other.test"})
+	c := f.h.client(false)
+	resp, _ := f.do(t, c, "GET", "https://api.test:"+f.apiPort+"/v2/"+strings.ToUpper(f.ph), "", "")
+	if resp.StatusCode != http.StatusForbidden || resp.Header.Get("X-Abox-Reason") != "path_not_allowed" {
+		t.Fatalf("status %d reason %q, want 403 path_not_allowed", resp.StatusCode, resp.Header.Get("X-Abox-Reason"))
+	}
+	line := f.h.waitLine(t, "denial_id", resp.Header.Get("X-Abox-Denial-Id"))
+	if p, _ := line["path"].(string); !strings.Contains(p, secrets.PlaceholderPrefix+"REDACTED") {
+		t.Errorf("the refused request's path is logged as %q, want the placeholder redacted", p)
+	}
+}
+
+func TestHasPlaceholderPrefix(t *testing.T) {
+	for s, want := range map[string]bool{"/a/abox-ph-1": true, "/ABOX-PH-x": true, "abox-ph-": true, "/abox-ph": false, "/a/b": false, "": false, "Abox-pH-": true} {
+		if got := hasPlaceholderPrefix(s); got != want {
+			t.Errorf("hasPlaceholderPrefix(%q) = %v", s, got)
+		}
+	}
+}
+
+// TestSecretPlaceholderInAStreamedBody: a body Decide does not see whole
+// (chunked HTTP/1.1, an HTTP/2 stream without a length, an upload longer
+// than MaxSecretBodyScan) is scanned as it streams. A placeholder in it,
+// even split across the guest's writes, never reaches the origin: the
+// body stops before it and the request is refused secret_leak.
+func TestSecretPlaceholderInAStreamedBody(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		for _, tc := range []struct {
+			name   string
+			length bool // send a Content-Length (a long body)
+			before int  // bytes before the placeholder
+			split  int  // where the guest's writes split the placeholder
+		}{
+			{"no length", false, 1000, 0},
+			{"no length, placeholder split across writes", false, 70000, 13},
+			{"no length, percent-encoded", false, 10, -1},
+			{"long body, placeholder past the scanned prefix", true, MaxSecretBodyScan + 5000, 20},
+		} {
+			t.Run(fmt.Sprintf("h2=%v/%s", h2, tc.name), func(t *testing.T) {
+				f := newSecretsFixture(t)
+				c := f.h.client(h2)
+				ph := f.ph
+				if tc.split < 0 {
+					ph = ""
+					for _, ch := range []byte(f.ph) {
+						ph += fmt.Sprintf("%%%02X", ch)
+					}
+					tc.split = 0
+				}
+				head := strings.Repeat("a", tc.before)
+				parts := []string{head + ph[:tc.split], ph[tc.split:] + strings.Repeat("z", 100000)}
+				pr, pw := io.Pipe()
+				go func() {
+					for _, s := range parts {
+						if _, err := pw.Write([]byte(s)); err != nil {
+							return
+						}
+					}
+					pw.Close()
+				}()
+				req, _ := http.NewRequest("POST", "https://api.test:"+f.apiPort+"/v1/files", pr)
+				if tc.length {
+					req.ContentLength = int64(len(parts[0]) + len(parts[1]))
+				}
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				pr.Close()
+				if resp.StatusCode != http.StatusForbidden || resp.Header.Get("X-Abox-Reason") != secrets.ReasonSecretLeak {
+					t.Fatalf("status %d reason %q (%q), want 403 %s", resp.StatusCode, resp.Header.Get("X-Abox-Reason"), body, secrets.ReasonSecretLeak)
+				}
+				line := f.h.waitLine(t, "denial_id", resp.Header.Get("X-Abox-Denial-Id"))
+				if want := "secret_leak: secret TOKEN in the body (wrong_placement)"; line["secret"] != want {
+					t.Errorf("line %v: want secret %q", line, want)
+				}
+				f.api.mu.Lock()
+				defer f.api.mu.Unlock()
+				for _, b := range f.api.bodies {
+					if strings.Contains(strings.ToLower(b), f.ph) || strings.Contains(b, ph) || strings.Contains(b, "zzz") {
+						t.Errorf("the origin read the placeholder or what follows it (%d bytes)", len(b))
+					}
+				}
+			})
 		}
 	}
 }

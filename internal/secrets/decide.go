@@ -398,6 +398,23 @@ func (p *Policy) placeholdersIn(s string) []string {
 // placeholderLen is the length of a placeholder newPlaceholder makes.
 const placeholderLen = len(PlaceholderPrefix) + 32
 
+// PlaceholderSpan is the most bytes a placeholder can take in a request:
+// every byte percent-encoded. A stream scanned for placeholders holds
+// back PlaceholderSpan-1 bytes until it knows they start none.
+const PlaceholderSpan = 3 * placeholderLen
+
+// SecretIn names the secret of the first of the instance's placeholders in
+// b (in any case, percent-encoded or not), or "" when b holds none.
+func (p *Policy) SecretIn(b []byte) string {
+	if p.Empty() || len(p.secretOf) == 0 {
+		return ""
+	}
+	if phs := p.placeholdersIn(string(b)); len(phs) > 0 {
+		return p.secretOf[phs[0]]
+	}
+	return ""
+}
+
 // HeaderValue is the header value that sends value as in.
 func (in Injection) HeaderValue(value []byte) string {
 	switch in.Send {
