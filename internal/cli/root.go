@@ -80,19 +80,27 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if errors.As(err, &ge) && ge.Code > 0 {
 		return ge.Code
 	}
-	var he *hintError
-	if errors.As(err, &he) && he.hint != "" {
-		fmt.Fprintf(errOut, "hint: %s\n", he.hint)
-	}
-	var ae *api.Error
-	if errors.As(err, &ae) && ae.Hint != "" {
-		fmt.Fprintf(errOut, "hint: %s\n", ae.Hint)
-	}
+	printHints(errOut, err)
 	var ue usageError
 	if errors.As(err, &ue) {
 		return exitUsage
 	}
 	return exitError
+}
+
+// printHints writes the advice for err under it: a command's own hint,
+// else the one for the facts it carries (factHint), and the filter API's.
+func printHints(w io.Writer, err error) {
+	var he *hintError
+	if errors.As(err, &he) && he.hint != "" {
+		fmt.Fprintf(w, "hint: %s\n", he.hint)
+	} else if h := factHint(err); h != "" {
+		fmt.Fprintf(w, "hint: %s\n", h)
+	}
+	var ae *api.Error
+	if errors.As(err, &ae) && ae.Hint != "" {
+		fmt.Fprintf(w, "hint: %s\n", ae.Hint)
+	}
 }
 
 func newRootCmd(e *env) *cobra.Command {

@@ -26,6 +26,7 @@ import (
 	"github.com/abox-dev/abox/internal/image"
 	"github.com/abox-dev/abox/internal/libvirt"
 	"github.com/abox-dev/abox/internal/paths"
+	"github.com/abox-dev/abox/internal/steps"
 	"github.com/abox-dev/abox/internal/tetragon"
 	"github.com/abox-dev/abox/internal/validate"
 )
@@ -95,220 +96,296 @@ type SeedWriter interface {
 	WriteSeed(ctx context.Context, path string, in SeedInput) error
 }
 
-// Create defines a new instance. On any failure everything it made is undone.
+// Create defines a new instance: a list of steps (see internal/steps),
+// each with its undo. On any failure everything it made is undone.
 func (m *Manager) Create(ctx context.Context, spec Spec) (st State, warnings []string, err error) {
 	if err := validate.InstanceName(spec.Name); err != nil {
 		return State{}, nil, err
 	}
-	spec, err = withDefaults(spec)
-	if err != nil {
+	c := &creation{m: m, spec: spec}
+	defer c.release()
+	if _, err := m.runSteps(ctx, "creating "+spec.Name, c.steps()); err != nil {
 		return State{}, nil, err
 	}
-	base, err := m.Images.Get(spec.Base)
-	if err != nil {
+	return c.st, c.warnings, nil
+}
+
+// creation is one Create in progress: what its steps made so far.
+type creation struct {
+	m    *Manager
+	spec Spec
+	f    paths.Instance
+	base image.Image
+
+	seedEntries []string
+	upstreamCA  []byte // the --upstream-ca file's PEM, nil without one
+	bundle      *MonitorBundle
+	template    string
+	unlock      func() // the global lock's release, once taken
+
+	st       State
+	in       SeedInput
+	warnings []string
+}
+
+func (c *creation) release() {
+	if c.unlock != nil {
+		c.unlock()
+	}
+}
+
+func (c *creation) steps() []steps.Step {
+	m := c.m
+	list := []steps.Step{
+		{Name: "check the settings", Do: c.checkSpec},
+		{Name: "monitor bundle", Do: func(ctx context.Context) (err error) {
+			if c.spec.MonitorBundle != "" {
+				c.spec.Monitor = true
+				c.bundle, err = m.monitorBundle(ctx, c.spec.MonitorBundle, c.spec.MonitorBundleSource)
+			}
+			return err
+		}},
+		{Name: "take the global lock", Do: func(context.Context) (err error) {
+			c.unlock, err = globalLock(m.Layout)
+			return err
+		}},
+		{Name: "check the name", Do: c.checkName},
+		{Name: "allocate addresses", Do: c.allocate},
+		// The undo is the directory's, whatever the later steps put in it;
+		// it is taken once the path is known to be free, before anything
+		// is made there.
+		{Name: "reserve the instance directory", Do: c.reserveDir,
+			Undo: func(context.Context) error { return os.RemoveAll(c.f.Dir) }},
+		{Name: "instance directories", Do: c.makeDirs},
+		{Name: "ssh keys", Do: c.sshKeys},
+		{Name: "instance CA", Do: func(context.Context) error {
+			authority, err := ca.New(ca.Config{Dir: c.f.CADir})
+			if err == nil {
+				c.in.CACertPEM, err = authority.CertPEM()
+			}
+			if err != nil {
+				return fmt.Errorf("instance CA: %w", err)
+			}
+			return nil
+		}},
+		{Name: "allowlist", Do: c.writeLists},
+		{Name: "disk overlay", Do: c.diskOverlay},
+		{Name: "cloud-init seed", Do: func(ctx context.Context) error {
+			if err := m.Seeds.WriteSeed(ctx, c.f.Seed, c.in); err != nil {
+				return fmt.Errorf("cloud-init seed: %w", err)
+			}
+			// The public halves too: one rule (0600) for every file is one a
+			// test can check, and nothing but abox reads them.
+			for _, p := range []string{c.f.Seed, c.f.SSHKey + ".pub", filepath.Join(c.f.CADir, ca.CertFile)} {
+				if err := os.Chmod(p, PrivateFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return err
+				}
+			}
+			return nil
+		}},
+	}
+	list = append(list, m.defineSteps(&c.st, &c.warnings)...)
+	return append(list, steps.Step{Name: "save the state", Do: func(context.Context) error { return Save(m.Layout, c.st) }})
+}
+
+// checkSpec takes the defaults and reads and checks every file the spec
+// names; nothing is made yet.
+func (c *creation) checkSpec(ctx context.Context) (err error) {
+	if c.spec, err = withDefaults(c.spec); err != nil {
+		return err
+	}
+	spec := &c.spec
+	if c.base, err = c.m.Images.Get(spec.Base); err != nil {
 		if errors.Is(err, image.ErrNotFound) {
-			return State{}, nil, fmt.Errorf("creating %s: base image %q is not installed (build one with `abox base build debian-12`, or `abox base import %s FILE`)", spec.Name, spec.Base, spec.Base)
+			return &BaseMissingError{Base: spec.Base}
 		}
-		return State{}, nil, fmt.Errorf("creating %s: %w", spec.Name, err)
+		return err
 	}
-	var seedEntries []string
 	if spec.Allowlist != "" {
-		seedEntries, err = readAllowlist(spec.Allowlist)
-		if err != nil {
-			return State{}, nil, err
+		if c.seedEntries, err = readAllowlist(spec.Allowlist); err != nil {
+			return err
 		}
 	}
-	var upstreamCA []byte
 	if spec.UpstreamCA != "" {
-		if upstreamCA, err = os.ReadFile(spec.UpstreamCA); err != nil {
-			return State{}, nil, fmt.Errorf("reading upstream CA bundle: %w", err)
+		if c.upstreamCA, err = os.ReadFile(spec.UpstreamCA); err != nil {
+			return fmt.Errorf("reading upstream CA bundle: %w", err)
 		}
-		if !x509.NewCertPool().AppendCertsFromPEM(upstreamCA) {
-			return State{}, nil, fmt.Errorf("upstream CA bundle %s holds no PEM certificate", spec.UpstreamCA)
+		if !x509.NewCertPool().AppendCertsFromPEM(c.upstreamCA) {
+			return fmt.Errorf("upstream CA bundle %s holds no PEM certificate", spec.UpstreamCA)
 		}
 	}
 	if spec.UpstreamProxy != "" {
 		if _, err := egress.NewParentProxy(spec.UpstreamProxy, spec.UpstreamProxyCredentials); err != nil {
-			return State{}, nil, fmt.Errorf("creating %s: %w", spec.Name, err)
+			return err
 		}
 		if spec.UpstreamProxyCredentials != "" {
 			if spec.UpstreamProxyCredentials, err = filepath.Abs(spec.UpstreamProxyCredentials); err != nil {
-				return State{}, nil, err
+				return err
 			}
 		}
 	} else if spec.UpstreamProxyCredentials != "" {
-		return State{}, nil, fmt.Errorf("creating %s: upstream proxy credentials without an upstream proxy", spec.Name)
+		return errors.New("upstream proxy credentials without an upstream proxy")
 	}
-	var bundle *MonitorBundle
-	if spec.MonitorBundle != "" {
-		spec.Monitor = true
-		if bundle, err = m.monitorBundle(ctx, spec.MonitorBundle, spec.MonitorBundleSource); err != nil {
-			return State{}, nil, fmt.Errorf("creating %s: %w", spec.Name, err)
-		}
-	}
-	var template string
 	if spec.Template != "" {
 		b, err := os.ReadFile(spec.Template)
 		if err != nil {
-			return State{}, nil, fmt.Errorf("reading domain template: %w", err)
+			return fmt.Errorf("reading domain template: %w", err)
 		}
-		template = string(b)
+		c.template = string(b)
 	}
+	return nil
+}
 
-	unlock, err := globalLock(m.Layout)
-	if err != nil {
-		return State{}, nil, err
-	}
-	defer unlock()
-
-	f := m.Layout.Instance(spec.Name)
-	if _, err := os.Stat(f.Dir); err == nil {
-		if _, serr := os.Stat(f.State); serr == nil {
-			return State{}, nil, fmt.Errorf("creating %s: an instance of that name exists (remove it with `abox remove %s`, or pick another name)", spec.Name, spec.Name)
+// checkName refuses a name an instance or a libvirt domain has (under the
+// global lock, so no other create takes it meanwhile).
+func (c *creation) checkName(ctx context.Context) error {
+	name := c.spec.Name
+	c.f = c.m.Layout.Instance(name)
+	if _, err := os.Stat(c.f.Dir); err == nil {
+		if _, serr := os.Stat(c.f.State); serr == nil {
+			return &NameTakenError{Name: name}
 		}
 		// A directory without state is an interrupted create; it holds
 		// nothing of value (instances are only real once state is written).
-		if err := os.RemoveAll(f.Dir); err != nil {
-			return State{}, nil, fmt.Errorf("creating %s: clearing an interrupted create: %w", spec.Name, err)
+		if err := os.RemoveAll(c.f.Dir); err != nil {
+			return fmt.Errorf("clearing an interrupted create: %w", err)
 		}
 	}
-	if _, err := m.Hypervisor.State(ctx, libvirt.DomainName(spec.Name)); !errors.Is(err, libvirt.ErrNotFound) {
+	dom := libvirt.DomainName(name)
+	if _, err := c.m.Hypervisor.State(ctx, dom); !errors.Is(err, libvirt.ErrNotFound) {
 		if err != nil {
-			return State{}, nil, fmt.Errorf("creating %s: %w", spec.Name, err)
+			return err
 		}
-		return State{}, nil, fmt.Errorf("creating %s: libvirt already has a domain %s not known to abox; remove it with virsh or pick another name", spec.Name, libvirt.DomainName(spec.Name))
+		return &DomainTakenError{Name: name, Domain: dom}
 	}
+	return nil
+}
 
-	st = State{
+// allocate builds the state and gives it a subnet, bridge and MAC no other
+// instance has.
+func (c *creation) allocate(ctx context.Context) (err error) {
+	spec, base := c.spec, c.base
+	c.st = State{
 		Name: spec.Name, UUID: newUUID(), CreatedAt: time.Now().UTC(),
 		Base: spec.Base, CPUs: spec.CPUs, MemoryMiB: spec.MemoryMiB, DiskGiB: spec.DiskGiB,
 		User: spec.User, Accel: resolveAccel(spec.Accel),
 		ProxyPort: DefaultProxyPort, Upstreams: spec.Upstreams, AllowPrivate: spec.AllowPrivate, AllowHost: spec.AllowHost,
 		NoMITM: spec.NoMITM, MITMExceptions: spec.MITMExceptions, Ports: spec.Ports, Monitor: spec.Monitor,
-		MonitorBundle: bundle,
-		Template:      template,
+		MonitorBundle: c.bundle,
+		Template:      c.template,
 		UpstreamProxy: spec.UpstreamProxy, UpstreamProxyCredentials: spec.UpstreamProxyCredentials,
 		Kernel: base.KernelPath(), Initrd: base.InitrdPath(),
 	}
+	st := &c.st
 	if base.Boot != nil {
 		st.Cmdline = base.Boot.Cmdline
 	}
-	if st.Subnet, err = m.allocateSubnet(ctx, spec.Subnet); err != nil {
-		return State{}, nil, err
+	if st.Subnet, err = c.m.allocateSubnet(ctx, spec.Subnet); err != nil {
+		return err
 	}
 	st.Gateway, st.GuestIP = libvirt.InstanceAddresses(st.Subnet)
-	if st.Bridge, err = m.allocateBridge(spec.Name); err != nil {
-		return State{}, nil, err
+	if st.Bridge, err = c.m.allocateBridge(spec.Name); err != nil {
+		return err
 	}
-	if st.MAC, err = m.allocateMAC(); err != nil {
-		return State{}, nil, err
+	if st.MAC, err = c.m.allocateMAC(); err != nil {
+		return err
 	}
+	c.m.progress("creating %s: subnet %s, bridge %s, accel %s", st.Name, st.Subnet, st.Bridge, st.Accel)
+	return nil
+}
 
-	var undo undoStack
-	defer func() {
-		if err != nil {
-			if uerr := undo.run(context.WithoutCancel(ctx)); uerr != nil {
-				err = fmt.Errorf("%w (and rolling back: %v)", err, uerr)
-			}
-		}
-	}()
-
-	m.progress("creating %s: subnet %s, bridge %s, accel %s", st.Name, st.Subnet, st.Bridge, st.Accel)
+// reserveDir makes the data directories QEMU traverses and checks that
+// the instance's own is still free.
+func (c *creation) reserveDir(context.Context) error {
 	// QEMU runs as an unprivileged user: it must traverse the data root,
 	// the instance directory and logs/ to its disk, seed and serial log,
 	// and nothing more (see perms.go).
-	for _, d := range []string{m.Layout.Root, m.Layout.Instances()} {
+	for _, d := range []string{c.m.Layout.Root, c.m.Layout.Instances()} {
 		// Directories we may not own: only add the search bits.
-		if err = os.MkdirAll(d, 0o711); err != nil {
-			return State{}, nil, fmt.Errorf("creating %s: %w", st.Name, err)
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return err
 		}
-		var fi os.FileInfo
-		if fi, err = os.Stat(d); err == nil && fi.Mode().Perm()&0o011 != 0o011 {
+		fi, err := os.Stat(d)
+		if err == nil && fi.Mode().Perm()&0o011 != 0o011 {
 			err = os.Chmod(d, fi.Mode().Perm()|0o011)
 		}
 		if err != nil {
-			return State{}, nil, fmt.Errorf("creating %s: %w", st.Name, err)
+			return err
 		}
 	}
-	if _, err = os.Stat(f.Dir); err == nil {
-		return State{}, nil, fmt.Errorf("creating %s: %s appeared meanwhile", st.Name, f.Dir)
+	if _, err := os.Stat(c.f.Dir); err == nil {
+		return fmt.Errorf("%s appeared meanwhile", c.f.Dir)
 	}
-	undo.push("remove instance directory", func(context.Context) error { return os.RemoveAll(f.Dir) })
+	return nil
+}
+
+func (c *creation) makeDirs(context.Context) error {
+	f := c.f
 	for _, d := range []struct {
 		path string
 		qemu bool
 	}{{f.Dir, true}, {f.LogsDir, true}, {filepath.Dir(f.SSHKey), false}, {f.RunDir, false}} {
+		var err error
 		if d.qemu {
 			err = makeQEMUDir(d.path)
 		} else {
 			err = makePrivateDir(d.path)
 		}
 		if err != nil {
-			return State{}, nil, fmt.Errorf("creating %s: %w", st.Name, err)
+			return err
 		}
 	}
+	return nil
+}
 
-	var in SeedInput
-	in.State = st
-	if in.Placeholders, err = m.placeholders(st.Name); err != nil {
-		return State{}, nil, err
+// sshKeys makes the user's key and the guest's host key, and pins the
+// host key, so that the first connection is already verified.
+func (c *creation) sshKeys(context.Context) (err error) {
+	c.in.State = c.st
+	if c.in.Placeholders, err = c.m.placeholders(c.st.Name); err != nil {
+		return err
 	}
-	if in.AuthorizedKey, err = cloudinit.GenerateSSHKey(f.SSHKey, "abox-"+st.Name, nil); err != nil {
-		return State{}, nil, err
+	if c.in.AuthorizedKey, err = cloudinit.GenerateSSHKey(c.f.SSHKey, "abox-"+c.st.Name, nil); err != nil {
+		return err
 	}
-	if in.HostKeyPEM, in.HostPublicKey, err = newHostKey(); err != nil {
-		return State{}, nil, err
+	if c.in.HostKeyPEM, c.in.HostPublicKey, err = newHostKey(); err != nil {
+		return err
 	}
-	known := fmt.Sprintf("%s %s\n", st.GuestIP, in.HostPublicKey)
-	if err = fsutil.WriteFileAtomic(f.KnownHosts, []byte(known), PrivateFile); err != nil {
-		return State{}, nil, err
+	known := fmt.Sprintf("%s %s\n", c.st.GuestIP, c.in.HostPublicKey)
+	return fsutil.WriteFileAtomic(c.f.KnownHosts, []byte(known), PrivateFile)
+}
+
+// writeLists writes the allowlist (seeded from --allowlist) and the
+// upstream CA bundle.
+func (c *creation) writeLists(context.Context) error {
+	allow := "# abox allowlist of " + c.st.Name + ": one name per line; *.example.com allows every name below example.com\n"
+	if len(c.seedEntries) > 0 {
+		allow += strings.Join(c.seedEntries, "\n") + "\n"
 	}
-	authority, err := ca.New(ca.Config{Dir: f.CADir})
-	if err != nil {
-		return State{}, nil, fmt.Errorf("creating %s: instance CA: %w", st.Name, err)
+	if err := fsutil.WriteFileAtomic(c.f.Allowlist, []byte(allow), PrivateFile); err != nil {
+		return err
 	}
-	if in.CACertPEM, err = authority.CertPEM(); err != nil {
-		return State{}, nil, fmt.Errorf("creating %s: instance CA: %w", st.Name, err)
-	}
-	allow := "# abox allowlist of " + st.Name + ": one name per line; *.example.com allows every name below example.com\n"
-	if len(seedEntries) > 0 {
-		allow += strings.Join(seedEntries, "\n") + "\n"
-	}
-	if err = fsutil.WriteFileAtomic(f.Allowlist, []byte(allow), PrivateFile); err != nil {
-		return State{}, nil, err
-	}
-	if upstreamCA != nil {
-		st.UpstreamCA = filepath.Join(f.Dir, "upstream-ca.pem")
-		if err = fsutil.WriteFileAtomic(st.UpstreamCA, upstreamCA, PrivateFile); err != nil {
-			return State{}, nil, err
+	if c.upstreamCA != nil {
+		c.st.UpstreamCA = filepath.Join(c.f.Dir, "upstream-ca.pem")
+		if err := fsutil.WriteFileAtomic(c.st.UpstreamCA, c.upstreamCA, PrivateFile); err != nil {
+			return err
 		}
 	}
-	m.progress("creating %s: disk overlay on base %s (%d GiB)", st.Name, st.Base, st.DiskGiB)
-	if _, err = m.Run.Run(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base.Disk(), f.Disk, strconv.FormatUint(uint64(st.DiskGiB), 10)+"G"); err != nil {
-		return State{}, nil, fmt.Errorf("creating %s: disk overlay: %w", st.Name, err)
+	return nil
+}
+
+func (c *creation) diskOverlay(ctx context.Context) error {
+	st := c.st
+	c.m.progress("creating %s: disk overlay on base %s (%d GiB)", st.Name, st.Base, st.DiskGiB)
+	if _, err := c.m.Run.Run(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", c.base.Disk(), c.f.Disk, strconv.FormatUint(uint64(st.DiskGiB), 10)+"G"); err != nil {
+		return fmt.Errorf("disk overlay: %w", err)
 	}
 	// qemu-img creates it by the umask (world-readable): the guest's disk
 	// is the guest's data.
-	if err = os.Chmod(f.Disk, PrivateFile); err != nil {
-		return State{}, nil, fmt.Errorf("creating %s: disk overlay: %w", st.Name, err)
+	if err := os.Chmod(c.f.Disk, PrivateFile); err != nil {
+		return fmt.Errorf("disk overlay: %w", err)
 	}
-	if err = m.Seeds.WriteSeed(ctx, f.Seed, in); err != nil {
-		return State{}, nil, fmt.Errorf("creating %s: cloud-init seed: %w", st.Name, err)
-	}
-	// The public halves too: one rule (0600) for every file is one a
-	// test can check, and nothing but abox reads them.
-	for _, p := range []string{f.Seed, f.SSHKey + ".pub", filepath.Join(f.CADir, ca.CertFile)} {
-		if err = os.Chmod(p, PrivateFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return State{}, nil, fmt.Errorf("creating %s: %w", st.Name, err)
-		}
-	}
-	if warnings, err = m.define(ctx, st, &undo); err != nil {
-		return State{}, nil, err
-	}
-	if err = Save(m.Layout, st); err != nil {
-		return State{}, nil, err
-	}
-	return st, warnings, nil
+	return nil
 }
 
 // monitorBundle checks the bundle src (a file, or BundleRelease) into the
@@ -343,40 +420,42 @@ func (m *Manager) monitorBundle(ctx context.Context, src, label string) (*Monito
 	return &MonitorBundle{SHA256: info.SHA256, Source: source, Path: path, Prefix: info.Prefix, Size: info.Size, BPFObjects: info.BPFObjects}, nil
 }
 
-// define (re)defines the network, filter and domain of st in libvirt.
-func (m *Manager) define(ctx context.Context, st State, undo *undoStack) (warnings []string, err error) {
-	p := ParamsOf(m.Layout, st)
-	netXML, err := libvirt.NetworkXML(p)
-	if err != nil {
-		return nil, err
+// defineSteps define the network, filter and domain of *st in libvirt,
+// each undone by its undefinition; the domain's warnings go to *warnings.
+// They read *st when they run, so earlier steps may still fill it in.
+func (m *Manager) defineSteps(st *State, warnings *[]string) []steps.Step {
+	return []steps.Step{
+		{Name: "define the network", Do: func(ctx context.Context) error {
+			x, err := libvirt.NetworkXML(ParamsOf(m.Layout, *st))
+			if err != nil {
+				return err
+			}
+			return m.Hypervisor.DefineNetwork(ctx, x)
+		}, Undo: func(ctx context.Context) error {
+			return m.Hypervisor.UndefineNetwork(ctx, libvirt.NetworkName(st.Name))
+		}},
+		// The filter must exist before the domain that references it, so no
+		// definition of the domain is ever without its packet filter.
+		{Name: "define the packet filter", Do: func(ctx context.Context) error {
+			x, err := libvirt.NWFilterXML(ParamsOf(m.Layout, *st))
+			if err != nil {
+				return err
+			}
+			return m.Hypervisor.DefineNWFilter(ctx, x)
+		}, Undo: func(ctx context.Context) error {
+			return m.Hypervisor.UndefineNWFilter(ctx, libvirt.FilterName(st.Name))
+		}},
+		{Name: "define the domain", Do: func(ctx context.Context) error {
+			x, warn, err := m.domainXML(*st)
+			if err != nil {
+				return err
+			}
+			if warn != "" {
+				*warnings = append(*warnings, warn)
+			}
+			return m.Hypervisor.DefineDomain(ctx, x)
+		}, Undo: func(ctx context.Context) error { return m.Hypervisor.UndefineDomain(ctx, libvirt.DomainName(st.Name)) }},
 	}
-	filterXML, err := libvirt.NWFilterXML(p)
-	if err != nil {
-		return nil, err
-	}
-	domXML, warn, err := m.domainXML(st)
-	if err != nil {
-		return nil, err
-	}
-	if warn != "" {
-		warnings = append(warnings, warn)
-	}
-	net, filter, dom := libvirt.NetworkName(st.Name), libvirt.FilterName(st.Name), libvirt.DomainName(st.Name)
-	if err := m.Hypervisor.DefineNetwork(ctx, netXML); err != nil {
-		return nil, err
-	}
-	undo.push("undefine network", func(ctx context.Context) error { return m.Hypervisor.UndefineNetwork(ctx, net) })
-	// The filter must exist before the domain that references it, so no
-	// definition of the domain is ever without its packet filter.
-	if err := m.Hypervisor.DefineNWFilter(ctx, filterXML); err != nil {
-		return nil, err
-	}
-	undo.push("undefine nwfilter", func(ctx context.Context) error { return m.Hypervisor.UndefineNWFilter(ctx, filter) })
-	if err := m.Hypervisor.DefineDomain(ctx, domXML); err != nil {
-		return nil, err
-	}
-	undo.push("undefine domain", func(ctx context.Context) error { return m.Hypervisor.UndefineDomain(ctx, dom) })
-	return warnings, nil
 }
 
 // domainXML is st's domain: the user template's, checked, or the hardened one.
@@ -543,7 +622,7 @@ func (m *Manager) allocateSubnet(ctx context.Context, want netip.Prefix) (netip.
 	if want.IsValid() {
 		for _, u := range used {
 			if u.IsValid() && u.Overlaps(want) {
-				return netip.Prefix{}, fmt.Errorf("subnet %s is in use (overlaps %s); leave --subnet out to pick a free one", want, u)
+				return netip.Prefix{}, &SubnetInUseError{Subnet: want, Overlaps: u}
 			}
 		}
 		return want, nil
@@ -570,11 +649,11 @@ func (m *Manager) allocateBridge(name string) (string, error) {
 	}
 	for _, o := range others {
 		if o.Bridge == br {
-			return "", fmt.Errorf("bridge %s of %s is already used by instance %s; rename one of them", br, name, o.Name)
+			return "", &BridgeTakenError{Name: name, Bridge: br, By: o.Name}
 		}
 	}
 	if _, err := os.Stat(filepath.Join("/sys/class/net", br)); err == nil {
-		return "", fmt.Errorf("a host interface %s already exists; remove it (ip link del %s) or pick another instance name", br, br)
+		return "", &BridgeTakenError{Name: name, Bridge: br}
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return "", err
 	}

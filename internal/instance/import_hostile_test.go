@@ -204,8 +204,10 @@ func TestImportKilledBeforeItsStateIsSaved(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _, err := r.m.Import(ctx, good, ImportOptions{Name: "dev2"})
-	if err == nil || !strings.Contains(err.Error(), "abox remove --force dev2") {
-		t.Fatalf("import over a killed import's leftovers = %v, want the fix (abox remove --force dev2)", err)
+	// The fact; the CLI's hint gives the fix (abox remove --force dev2).
+	var taken *DomainTakenError
+	if !errors.As(err, &taken) || taken.Name != "dev2" || !taken.Import {
+		t.Fatalf("import over a killed import's leftovers = %v, want a DomainTakenError of dev2 from an import", err)
 	}
 	if err := r.m.Remove(ctx, "dev2", true); err != nil {
 		t.Fatalf("remove --force of a killed import's leftovers: %v", err)

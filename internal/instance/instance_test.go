@@ -491,7 +491,7 @@ func TestCreateValidates(t *testing.T) {
 	}{
 		{Spec{Name: "1bad"}, "must start with a letter"},
 		{Spec{Name: "a'><x"}, ""},
-		{Spec{Name: "dev", Base: "nope"}, "abox base build"},
+		{Spec{Name: "dev", Base: "nope"}, `base image "nope" is not installed`},
 		{Spec{Name: "dev", Accel: "hvf"}, "kvm, tcg or auto"},
 		{Spec{Name: "dev", User: "root"}, "user"},
 		{Spec{Name: "dev", MemoryMiB: 64}, "memory"},

@@ -13,6 +13,7 @@ import (
 	"github.com/abox-dev/abox/internal/image"
 	"github.com/abox-dev/abox/internal/libvirt"
 	"github.com/abox-dev/abox/internal/paths"
+	"github.com/abox-dev/abox/internal/steps"
 	"libvirt.org/go/libvirtxml"
 )
 
@@ -100,6 +101,14 @@ type Manager struct {
 	// requires to have run (see hook.go); nil leaves hooks alone (tests
 	// without a libvirtd).
 	Hook *HookConfig
+	// OnStep receives the progress of create, import and revert step by
+	// step (see internal/steps), each Done event with its duration;
+	// optional.
+	OnStep func(steps.Event)
+
+	// faultBefore, when set, runs before each step of an operation and
+	// fails it with its error (tests: a failure at every step).
+	faultBefore func(step string) error
 }
 
 // Access is what start, stop and remove do to the host-side ends of an
