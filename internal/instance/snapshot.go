@@ -12,6 +12,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/hostfw"
 	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/steps"
 	"github.com/abox-dev/abox/internal/validate"
 )
 
@@ -184,7 +185,6 @@ func (m *Manager) RevertSnapshot(ctx context.Context, name, snap string) (Revert
 	if err != nil {
 		return RevertResult{}, err
 	}
-	dom := libvirt.DomainName(name)
 	before, err := m.domainState(ctx, name, "reverting")
 	if err != nil {
 		return RevertResult{}, err
@@ -194,24 +194,20 @@ func (m *Manager) RevertSnapshot(ctx context.Context, name, snap string) (Revert
 		return RevertResult{}, err
 	}
 	res := RevertResult{Snapshot: target, Before: before}
-	fail := func(err error) (RevertResult, error) {
-		return res, fmt.Errorf("reverting %s to snapshot %s: %w", name, snap, err)
-	}
-	// The host side now, not as it was: the filter libvirt applies to the
-	// guest's port is the current one before any guest state comes back.
-	if err := m.redefine(ctx, st); err != nil {
-		return fail(err)
-	}
-	if before.Active() && m.Access != nil {
-		// Mounts and forwards end in the guest's sshd, whose sessions the
-		// revert ends.
-		if err := m.Access.Release(ctx, name); err != nil {
-			m.progress("warning: reverting %s: releasing mounts and forwards: %v", name, err)
-		}
-	}
+	_, err = m.runSteps(ctx, fmt.Sprintf("reverting %s to snapshot %s", name, snap), m.revertSteps(st, &res))
+	return res, err
+}
+
+// revertSteps are RevertSnapshot's steps for st from res.Before to
+// res.Snapshot; the last fills in res.After.
+func (m *Manager) revertSteps(st State, res *RevertResult) []steps.Step {
+	name, dom, target := st.Name, libvirt.DomainName(st.Name), res.Snapshot
+	snap, at := target.Name, target.Created.Format(time.RFC3339)
 	// The definitions a memory snapshot brings back are checked before
 	// its guest runs: the one it keeps before anything is reverted, the
-	// one libvirt runs while the guest is still paused.
+	// one libvirt runs while the guest is still paused. A guest that was
+	// not reverted as asked, or whose containment could not be checked,
+	// does not run on.
 	check := func(def string) error { return m.checkRevertedDevices(st, def) }
 	revert := func(ctx context.Context) error {
 		if err := m.Hypervisor.RevertSnapshot(ctx, dom, snap, check); err != nil {
@@ -219,52 +215,82 @@ func (m *Manager) RevertSnapshot(ctx context.Context, name, snap string) (Revert
 		}
 		return nil
 	}
+	list := []steps.Step{
+		// The host side now, not as it was: the filter libvirt applies to the
+		// guest's port is the current one before any guest state comes back.
+		{Name: "redefine the host side", Do: func(ctx context.Context) error { return m.redefine(ctx, st) }},
+		{Name: "release guest access", Do: func(ctx context.Context) error {
+			if res.Before.Active() && m.Access != nil {
+				// Mounts and forwards end in the guest's sshd, whose sessions the
+				// revert ends.
+				if err := m.Access.Release(ctx, name); err != nil {
+					m.progress("warning: reverting %s: releasing mounts and forwards: %v", name, err)
+				}
+			}
+			return nil
+		}},
+	}
 	switch {
-	case target.Memory() && !before.Active():
-		m.progress("reverting %s to %s: starting the instance's filters and network, then resuming the guest as it was at %s", name, snap, target.Created.Format(time.RFC3339))
-		if err := m.bootLocked(ctx, st, false, revert); err != nil {
-			return fail(err)
-		}
+	case target.Memory() && !res.Before.Active():
+		list = append(list, steps.Step{Name: "start the layers and resume the guest", Do: func(ctx context.Context) error {
+			m.progress("reverting %s to %s: starting the instance's filters and network, then resuming the guest as it was at %s", name, snap, at)
+			return m.bootLocked(ctx, st, false, revert)
+		}})
 	case target.Memory():
-		m.progress("reverting %s to %s: the running guest is replaced by the one saved at %s (its processes, memory and disk as they were then; SSH sessions end)", name, snap, target.Created.Format(time.RFC3339))
-		if err := revert(ctx); err != nil {
-			return fail(err)
-		}
-		if err := m.Firewall.Ensure(ctx, FirewallBridge(st)); err != nil {
-			return fail(m.powerOffAfter(ctx, dom, fmt.Errorf("host firewall: %w", err)))
-		}
-		if err := m.Firewall.EnsurePort(ctx, hostfw.Port{Bridge: st.Bridge, GuestMAC: st.MAC}); err != nil {
-			return fail(m.powerOffAfter(ctx, dom, fmt.Errorf("the guest's tap: %w", err)))
-		}
-		m.resumeAccess(ctx, name)
-	case before.Active():
-		m.progress("reverting %s to %s: powering the running guest off (it is not shut down: what it had not written is lost), then putting its disk back as it was at %s", name, snap, target.Created.Format(time.RFC3339))
-		if err := revert(ctx); err != nil {
-			return fail(err)
-		}
-		// The guest is off: take its layers down as stop does.
-		if err := m.stopLocked(ctx, name, StopOptions{Force: true}); err != nil {
-			return fail(err)
-		}
+		list = append(list,
+			steps.Step{Name: "replace the running guest", Do: func(ctx context.Context) error {
+				m.progress("reverting %s to %s: the running guest is replaced by the one saved at %s (its processes, memory and disk as they were then; SSH sessions end)", name, snap, at)
+				return revert(ctx)
+			}, Undo: func(ctx context.Context) error {
+				// The host chains around it could not be ensured: it does not run on.
+				if s, err := m.Hypervisor.State(ctx, dom); err == nil && !s.Active() {
+					return nil
+				}
+				return m.Hypervisor.DestroyDomain(ctx, dom)
+			}},
+			steps.Step{Name: "host firewall", Do: func(ctx context.Context) error {
+				if err := m.Firewall.Ensure(ctx, FirewallBridge(st)); err != nil {
+					return fmt.Errorf("host firewall: %w", err)
+				}
+				return nil
+			}},
+			steps.Step{Name: "the guest's tap", Do: func(ctx context.Context) error {
+				if err := m.Firewall.EnsurePort(ctx, hostfw.Port{Bridge: st.Bridge, GuestMAC: st.MAC}); err != nil {
+					return fmt.Errorf("the guest's tap: %w", err)
+				}
+				m.resumeAccess(ctx, name)
+				return nil
+			}})
+	case res.Before.Active():
+		list = append(list,
+			steps.Step{Name: "power off and revert the disk", Do: func(ctx context.Context) error {
+				m.progress("reverting %s to %s: powering the running guest off (it is not shut down: what it had not written is lost), then putting its disk back as it was at %s", name, snap, at)
+				return revert(ctx)
+			}},
+			// The guest is off: take its layers down as stop does.
+			steps.Step{Name: "stop the layers", Do: func(ctx context.Context) error {
+				return m.stopLocked(ctx, name, StopOptions{Force: true})
+			}})
 	default:
-		m.progress("reverting %s to %s: putting the stopped guest's disk back as it was at %s", name, snap, target.Created.Format(time.RFC3339))
-		if err := revert(ctx); err != nil {
-			return fail(err)
-		}
+		list = append(list, steps.Step{Name: "revert the disk", Do: func(ctx context.Context) error {
+			m.progress("reverting %s to %s: putting the stopped guest's disk back as it was at %s", name, snap, at)
+			return revert(ctx)
+		}})
 	}
-	// libvirt took the persistent definition from the snapshot: put the
-	// current one back, so the next start runs what this abox builds.
-	if err := m.redefine(ctx, st); err != nil {
-		return fail(err)
-	}
-	if target.Memory() {
-		m.setGuestClock(ctx, st, target)
-	}
-	res.After, err = m.Hypervisor.State(ctx, dom)
-	if err != nil {
-		return fail(err)
-	}
-	return res, nil
+	return append(list,
+		// libvirt took the persistent definition from the snapshot: put the
+		// current one back, so the next start runs what this abox builds.
+		steps.Step{Name: "redefine the current definition", Do: func(ctx context.Context) error { return m.redefine(ctx, st) }},
+		steps.Step{Name: "set the guest's clock", Do: func(ctx context.Context) error {
+			if target.Memory() {
+				m.setGuestClock(ctx, st, target)
+			}
+			return nil
+		}},
+		steps.Step{Name: "read the domain state", Do: func(ctx context.Context) (err error) {
+			res.After, err = m.Hypervisor.State(ctx, dom)
+			return err
+		}})
 }
 
 // checkRevertedDevices holds a definition a revert brings back (its XML)

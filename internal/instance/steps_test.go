@@ -5,7 +5,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/abox-dev/abox/internal/libvirt"
@@ -64,6 +66,24 @@ func assertNoInstance(t *testing.T, r *rig, name string) {
 	}
 }
 
+// assertUnlocked fails when a lock file is held (by this process too:
+// flock locks belong to the open file, not the process).
+func assertUnlocked(t *testing.T, path string) {
+	t.Helper()
+	fh, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	if err := syscall.Flock(int(fh.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatalf("%s is still locked after the operation returned: %v", path, err)
+	}
+	syscall.Flock(int(fh.Fd()), syscall.LOCK_UN)
+}
+
 // A create that fails at any of its steps leaves nothing behind and
 // releases the global lock: the same create then succeeds.
 func TestCreateFailingAtEveryStepLeavesNothing(t *testing.T) {
@@ -88,6 +108,7 @@ func TestCreateFailingAtEveryStepLeavesNothing(t *testing.T) {
 			if ents, _ := os.ReadDir(r.m.Layout.Instances()); len(ents) != 0 {
 				t.Errorf("a failed create left %v in the instances directory", ents)
 			}
+			assertUnlocked(t, filepath.Join(r.m.Layout.Root, ".lock"))
 			r.m.faultBefore = nil
 			if _, _, err := r.m.Create(context.Background(), Spec{Name: "dev", Accel: "tcg"}); err != nil {
 				t.Errorf("create after the failure: %v", err)
@@ -202,9 +223,42 @@ func TestImportFailingAtEveryStepLeavesNothing(t *testing.T) {
 				t.Fatalf("import = %v, want the injected failure at %q", err, step)
 			}
 			assertNothingLeft(t, r, "dev2")
+			assertUnlocked(t, filepath.Join(r.m.Layout.Root, ".lock"))
 			assertNoInstance(t, r, "dev2")
 			if _, err := os.Stat(bundle); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the failed import left its monitor bundle in the agent cache: %v", err)
+			}
+		})
+	}
+}
+
+// A running guest replaced by a memory snapshot does not run on when the
+// host chains or its tap cannot be ensured: the replace step's undo
+// powers it off, and the error names the layer.
+func TestRevertUnguardedGuestIsPoweredOff(t *testing.T) {
+	ctx := context.Background()
+	for _, layer := range []string{"host firewall", "the guest's tap"} {
+		t.Run(layer, func(t *testing.T) {
+			r := snapRig(t, true)
+			if _, err := r.m.CreateSnapshot(ctx, "dev", "warm", ""); err != nil {
+				t.Fatal(err)
+			}
+			if layer == "host firewall" {
+				r.fw.fail = true
+			} else {
+				r.fw.failPort = true
+			}
+			names := stepsOf(r.m)
+			_, err := r.m.RevertSnapshot(ctx, "dev", "warm")
+			var se *steps.Error
+			if !errors.As(err, &se) || se.Step != layer || !strings.HasPrefix(err.Error(), "reverting dev to snapshot warm: "+layer+": ") {
+				t.Fatalf("revert = %v, want a failure of step %q", err, layer)
+			}
+			if st := r.hv.domains["abox-dev"]; st.Active() {
+				t.Errorf("the guest without its %s is %s", layer, st)
+			}
+			if !slices.Contains(*names, "replace the running guest") {
+				t.Errorf("steps %v: want the running guest replaced", *names)
 			}
 		})
 	}
