@@ -706,28 +706,3 @@ func newHostKey() (privPEM []byte, pubLine string, err error) {
 	}
 	return pem.EncodeToMemory(blk), strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sp))), nil
 }
-
-// undoStack runs rollback steps in reverse order and reports every failure.
-type undoStack struct {
-	steps []undoStep
-}
-
-type undoStep struct {
-	what string
-	fn   func(context.Context) error
-}
-
-func (u *undoStack) push(what string, fn func(context.Context) error) {
-	u.steps = append(u.steps, undoStep{what, fn})
-}
-
-func (u *undoStack) run(ctx context.Context) error {
-	var errs []error
-	for i := len(u.steps) - 1; i >= 0; i-- {
-		if err := u.steps[i].fn(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", u.steps[i].what, err))
-		}
-	}
-	u.steps = nil
-	return errors.Join(errs...)
-}

@@ -12,6 +12,7 @@ import (
 	"github.com/abox-dev/abox/internal/hostfw"
 	"github.com/abox-dev/abox/internal/libvirt"
 	"github.com/abox-dev/abox/internal/secrets"
+	"github.com/abox-dev/abox/internal/steps"
 	"github.com/abox-dev/abox/internal/validate"
 )
 
@@ -110,70 +111,76 @@ func (m *Manager) Start(ctx context.Context, name string) (err error) {
 // with memory), then requires the libvirt hook to have run and makes the
 // guest's tap inert outside the bridge. The order is the point: the guest
 // never runs before the layers around it. On failure what was started is
-// stopped and a running guest powered off. record writes the boot record
+// stopped and a running guest powered off (steps with undo, see
+// internal/steps). record writes the boot record
 // status shows (a fresh boot that WaitReady completes).
-func (m *Manager) bootLocked(ctx context.Context, st State, record bool, boot func(context.Context) error) (err error) {
+func (m *Manager) bootLocked(ctx context.Context, st State, record bool, boot func(context.Context) error) error {
 	name, dom := st.Name, libvirt.DomainName(st.Name)
-	var undo undoStack
-	defer func() {
-		if err != nil {
-			if uerr := undo.run(context.WithoutCancel(ctx)); uerr != nil {
-				err = fmt.Errorf("%w (and rolling back: %v)", err, uerr)
+	var booted time.Time
+	// The steps' errors say "starting NAME" where they did before: a revert
+	// runs these as one of its steps, under its own prefix.
+	_, err := m.runSteps(ctx, "", []steps.Step{
+		{Name: "start the network", Do: func(ctx context.Context) error {
+			m.progress("starting %s: network %s", name, st.Bridge)
+			m.progress("starting %s: bridge netfilter (br_netfilter) is on; it sends the frames of every bridge on this host, not only abox's, through iptables (see docs/hostfw.md)", name)
+			return m.Hypervisor.StartNetwork(ctx, libvirt.NetworkName(name))
+		}, Undo: func(ctx context.Context) error { return m.Hypervisor.DestroyNetwork(ctx, libvirt.NetworkName(name)) }},
+		{Name: "host firewall", Do: func(ctx context.Context) error {
+			if err := m.Firewall.Ensure(ctx, FirewallBridge(st)); err != nil {
+				return fmt.Errorf("starting %s: host firewall: %w", name, err)
 			}
-		}
-	}()
-	m.progress("starting %s: network %s", name, st.Bridge)
-	m.progress("starting %s: bridge netfilter (br_netfilter) is on; it sends the frames of every bridge on this host, not only abox's, through iptables (see docs/hostfw.md)", name)
-	if err := m.Hypervisor.StartNetwork(ctx, libvirt.NetworkName(name)); err != nil {
-		return err
-	}
-	undo.push("stop network", func(ctx context.Context) error { return m.Hypervisor.DestroyNetwork(ctx, libvirt.NetworkName(name)) })
-	if err := m.Firewall.Ensure(ctx, FirewallBridge(st)); err != nil {
-		return fmt.Errorf("starting %s: host firewall: %w", name, err)
-	}
-	m.progress("starting %s: filters on %s (dns :53, proxy :%d)", name, st.Gateway, st.ProxyPort)
-	if err := m.Daemon.Start(ctx, st); err != nil {
-		return fmt.Errorf("starting %s: filter daemon: %w", name, err)
-	}
-	undo.push("stop filter daemon", func(ctx context.Context) error { return m.Daemon.Stop(ctx, name) })
-	booted := time.Now()
-	if err := boot(ctx); err != nil {
-		return err
-	}
-	// A guest that cannot be guarded from its first instruction is
-	// powered off again.
-	refuse := func(err error) error {
-		if derr := m.Hypervisor.DestroyDomain(context.WithoutCancel(ctx), dom); derr != nil {
-			err = fmt.Errorf("%w (and powering the guest off: %v)", err, derr)
-		}
-		return fmt.Errorf("starting %s: %w", name, err)
-	}
-	if m.Hook != nil {
-		ran, err := hookRanSince(m.Layout, name, booted)
-		if err == nil && !ran {
-			err = fmt.Errorf("libvirtd did not run abox's hook %s, so nothing stops this guest from being started without its host chains and filters; restart libvirtd once (it reads hooks only when it starts) and start again", filepath.Join(m.Hook.Dir, HookFile))
-		}
-		if err != nil {
-			return refuse(err)
-		}
-	}
-	// The tap exists now: make it inert outside the bridge at once rather
-	// than at the guard's first round (frames the bridge never forwards,
-	// such as those to link-local group addresses, reach the host's IP
-	// stack on the tap itself; see docs/hostfw.md).
-	if err := m.Firewall.EnsurePort(ctx, hostfw.Port{Bridge: st.Bridge, GuestMAC: st.MAC}); err != nil {
-		return refuse(fmt.Errorf("the guest's tap: %w", err))
-	}
-	// Status shows how long this boot took; WaitReady completes the record.
-	if record {
-		if err := writeBoot(m.Layout, name, Boot{StartedAt: time.Now()}); err != nil {
-			m.progress("starting %s: %v (status will not show the boot time)", name, err)
-		}
-	}
-	m.resumeAccess(ctx, name)
-	// After the domain: libvirt binds the channel's socket when it starts it.
-	m.startMonitor(ctx, st)
-	return nil
+			return nil
+		}},
+		{Name: "filter daemon", Do: func(ctx context.Context) error {
+			m.progress("starting %s: filters on %s (dns :53, proxy :%d)", name, st.Gateway, st.ProxyPort)
+			if err := m.Daemon.Start(ctx, st); err != nil {
+				return fmt.Errorf("starting %s: filter daemon: %w", name, err)
+			}
+			return nil
+		}, Undo: func(ctx context.Context) error { return m.Daemon.Stop(ctx, name) }},
+		// A guest that cannot be guarded from its first instruction is
+		// powered off again: the undo of its boot.
+		{Name: "boot the guest", Do: func(ctx context.Context) error {
+			booted = time.Now()
+			return boot(ctx)
+		}, Undo: func(ctx context.Context) error { return m.Hypervisor.DestroyDomain(ctx, dom) }},
+		{Name: "libvirt hook", Do: func(context.Context) error {
+			if m.Hook == nil {
+				return nil
+			}
+			ran, err := hookRanSince(m.Layout, name, booted)
+			if err == nil && !ran {
+				err = fmt.Errorf("libvirtd did not run abox's hook %s, so nothing stops this guest from being started without its host chains and filters; restart libvirtd once (it reads hooks only when it starts) and start again", filepath.Join(m.Hook.Dir, HookFile))
+			}
+			if err != nil {
+				return fmt.Errorf("starting %s: %w", name, err)
+			}
+			return nil
+		}},
+		// The tap exists now: make it inert outside the bridge at once rather
+		// than at the guard's first round (frames the bridge never forwards,
+		// such as those to link-local group addresses, reach the host's IP
+		// stack on the tap itself; see docs/hostfw.md).
+		{Name: "the guest's tap", Do: func(ctx context.Context) error {
+			if err := m.Firewall.EnsurePort(ctx, hostfw.Port{Bridge: st.Bridge, GuestMAC: st.MAC}); err != nil {
+				return fmt.Errorf("starting %s: the guest's tap: %w", name, err)
+			}
+			return nil
+		}},
+		{Name: "access and monitor", Do: func(ctx context.Context) error {
+			// Status shows how long this boot took; WaitReady completes the record.
+			if record {
+				if err := writeBoot(m.Layout, name, Boot{StartedAt: time.Now()}); err != nil {
+					m.progress("starting %s: %v (status will not show the boot time)", name, err)
+				}
+			}
+			m.resumeAccess(ctx, name)
+			// After the domain: libvirt binds the channel's socket when it starts it.
+			m.startMonitor(ctx, st)
+			return nil
+		}},
+	})
+	return err
 }
 
 // redefine defines st's network, packet filter and domain again (the
