@@ -3,8 +3,11 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io"
+	"time"
 
 	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/steps"
 )
 
 // factHint is the advice for an error that carries the facts of a
@@ -38,4 +41,23 @@ func factHint(err error) string {
 		return fmt.Sprintf("remove it (ip link del %s) or pick another instance name", bridge.Bridge)
 	}
 	return ""
+}
+
+// EnvSteps, when set, makes create, import, start and revert print each
+// of their steps as it ends, with its duration (stderr).
+const EnvSteps = "ABOX_STEPS"
+
+// stepPrinter writes the end of each step to w: what status and --json
+// will show as phases.
+func stepPrinter(w io.Writer) func(steps.Event) {
+	return func(ev steps.Event) {
+		switch ev.Phase {
+		case steps.Started:
+			return
+		case steps.Failed, steps.UndoFailed:
+			fmt.Fprintf(w, "step %d/%d %s: %s after %s: %v\n", ev.Index+1, ev.Total, ev.Step, ev.Phase, ev.Elapsed.Round(time.Millisecond), ev.Err)
+		default:
+			fmt.Fprintf(w, "step %d/%d %s: %s in %s\n", ev.Index+1, ev.Total, ev.Step, ev.Phase, ev.Elapsed.Round(time.Millisecond))
+		}
+	}
 }

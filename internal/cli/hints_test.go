@@ -2,12 +2,15 @@ package cli
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/abox-dev/abox/internal/instance"
+	"github.com/abox-dev/abox/internal/steps"
 )
 
 // Every typed refusal of instance gets its fix as a hint, and only as a
@@ -51,5 +54,22 @@ func TestMainPrintsFactHintOnce(t *testing.T) {
 	printHints(&out, err)
 	if got := out.String(); strings.Count(got, "abox base build") != 1 || !strings.Contains(got, "hint: ") {
 		t.Errorf("printed %q, want one hint naming abox base build", got)
+	}
+}
+
+// The step printer shows each step's end with its duration, failures
+// with their error, and nothing for a step that only began.
+func TestStepPrinter(t *testing.T) {
+	var out bytes.Buffer
+	p := stepPrinter(&out)
+	p(steps.Event{Step: "disk overlay", Index: 0, Total: 3, Phase: steps.Started})
+	p(steps.Event{Step: "disk overlay", Index: 0, Total: 3, Phase: steps.Done, Elapsed: 1500 * time.Millisecond})
+	p(steps.Event{Step: "cloud-init seed", Index: 1, Total: 3, Phase: steps.Failed, Elapsed: time.Second, Err: errors.New("genisoimage: exit 1")})
+	p(steps.Event{Step: "disk overlay", Index: 0, Total: 3, Phase: steps.Undone, Elapsed: 2 * time.Millisecond})
+	want := "step 1/3 disk overlay: done in 1.5s\n" +
+		"step 2/3 cloud-init seed: failed after 1s: genisoimage: exit 1\n" +
+		"step 1/3 disk overlay: undone in 2ms\n"
+	if out.String() != want {
+		t.Errorf("printed:\n%s\nwant:\n%s", out.String(), want)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/abox-dev/abox/internal/image"
 	"github.com/abox-dev/abox/internal/instance"
 	"github.com/abox-dev/abox/internal/libvirt"
+	"github.com/abox-dev/abox/internal/termtext"
 )
 
 // EnvLibvirtSocket overrides libvirtd's socket (tests run a private libvirtd).
@@ -61,6 +62,9 @@ func (e *env) manager(ctx context.Context) (*instance.Manager, func(), error) {
 		Pool:       os.Getenv(EnvPool),
 		Access:     guest.Access{Layout: l, Exe: exe, Progress: e.stderr},
 		Hook:       &instance.HookConfig{Dir: instance.HooksDir(), Exe: exe},
+	}
+	if os.Getenv(EnvSteps) != "" {
+		m.OnStep = stepPrinter(termtext.NewWriter(e.stderr))
 	}
 	return m, func() { hv.Close() }, nil
 }
