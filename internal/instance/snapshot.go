@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -195,8 +196,14 @@ func (m *Manager) RevertSnapshot(ctx context.Context, name, snap string) (Revert
 	}
 	res := RevertResult{Snapshot: target, Before: before}
 	_, err = m.runSteps(ctx, fmt.Sprintf("reverting %s to snapshot %s", name, snap), m.revertSteps(st, &res))
+	if se := (*steps.Error)(nil); errors.As(err, &se) && slices.Contains(se.Undone, stepReplaceGuest) {
+		err = fmt.Errorf("%w (the guest was powered off)", err)
+	}
 	return res, err
 }
+
+// stepReplaceGuest is the revert step whose undo powers the guest off.
+const stepReplaceGuest = "replace the running guest"
 
 // revertSteps are RevertSnapshot's steps for st from res.Before to
 // res.Snapshot; the last fills in res.After.
@@ -238,7 +245,7 @@ func (m *Manager) revertSteps(st State, res *RevertResult) []steps.Step {
 		}})
 	case target.Memory():
 		list = append(list,
-			steps.Step{Name: "replace the running guest", Do: func(ctx context.Context) error {
+			steps.Step{Name: stepReplaceGuest, Do: func(ctx context.Context) error {
 				m.progress("reverting %s to %s: the running guest is replaced by the one saved at %s (its processes, memory and disk as they were then; SSH sessions end)", name, snap, at)
 				return revert(ctx)
 			}, Undo: func(ctx context.Context) error {

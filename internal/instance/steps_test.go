@@ -251,7 +251,7 @@ func TestRevertUnguardedGuestIsPoweredOff(t *testing.T) {
 			names := stepsOf(r.m)
 			_, err := r.m.RevertSnapshot(ctx, "dev", "warm")
 			var se *steps.Error
-			if !errors.As(err, &se) || se.Step != layer || !strings.HasPrefix(err.Error(), "reverting dev to snapshot warm: "+layer+": ") {
+			if !errors.As(err, &se) || se.Step != layer || !strings.HasPrefix(err.Error(), "reverting dev to snapshot warm: "+layer+": ") || !strings.HasSuffix(err.Error(), "(the guest was powered off)") {
 				t.Fatalf("revert = %v, want a failure of step %q", err, layer)
 			}
 			if st := r.hv.domains["abox-dev"]; st.Active() {

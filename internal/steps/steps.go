@@ -94,6 +94,8 @@ type Error struct {
 	// Undo holds one error per undo that failed ("undo NAME: ..."), in
 	// the order they ran (the reverse of the steps').
 	Undo []error
+	// Undone names the steps whose undo ran without error, in that order.
+	Undone []string
 }
 
 func (e *Error) Error() string {
@@ -139,7 +141,9 @@ func (r Runner) Run(ctx context.Context, list []Step) ([]Timing, error) {
 		}
 		if err != nil {
 			emit(Event{Step: s.Name, Index: i, Phase: Failed, Elapsed: took, Err: err})
-			return timings, &Error{Prefix: r.Prefix, Step: s.Name, Err: err, Undo: r.undo(ctx, list[:i], emit, now)}
+			e := &Error{Prefix: r.Prefix, Step: s.Name, Err: err}
+			e.Undone, e.Undo = r.undo(ctx, list[:i], emit, now)
+			return timings, e
 		}
 		emit(Event{Step: s.Name, Index: i, Phase: Done, Elapsed: took})
 		timings = append(timings, Timing{Step: s.Name, Duration: took})
@@ -147,11 +151,11 @@ func (r Runner) Run(ctx context.Context, list []Step) ([]Timing, error) {
 	return timings, nil
 }
 
-// undo reverts done, last first, and returns the errors of the undos that
-// failed; each runs even when another failed.
-func (r Runner) undo(ctx context.Context, done []Step, emit func(Event), now func() time.Time) []error {
+// undo reverts done, last first, and returns the names of the steps it
+// undid and the errors of the undos that failed; each runs even when
+// another failed.
+func (r Runner) undo(ctx context.Context, done []Step, emit func(Event), now func() time.Time) (undone []string, errs []error) {
 	ctx = context.WithoutCancel(ctx)
-	var errs []error
 	for i := len(done) - 1; i >= 0; i-- {
 		s := done[i]
 		if s.Undo == nil {
@@ -166,6 +170,7 @@ func (r Runner) undo(ctx context.Context, done []Step, emit func(Event), now fun
 			continue
 		}
 		emit(Event{Step: s.Name, Index: i, Phase: Undone, Elapsed: took})
+		undone = append(undone, s.Name)
 	}
-	return errs
+	return undone, errs
 }

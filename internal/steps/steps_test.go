@@ -59,6 +59,9 @@ func TestFailureUndoesCompletedInReverse(t *testing.T) {
 	if !errors.As(err, &se) || se.Step != "c" || !errors.Is(err, boom) {
 		t.Fatalf("err = %#v, want an *Error of step c wrapping the cause", err)
 	}
+	if want := []string{"b", "a"}; !slices.Equal(se.Undone, want) {
+		t.Errorf("undone %v, want %v (steps without an undo are not listed)", se.Undone, want)
+	}
 	if got, want := err.Error(), "making x: boom"; got != want {
 		t.Errorf("message %q, want %q (the prefix once)", got, want)
 	}
@@ -83,6 +86,9 @@ func TestUndoErrorsJoinTheCause(t *testing.T) {
 	msg := err.Error()
 	if !strings.HasPrefix(msg, "the cause (and rolling back: ") || !strings.Contains(msg, "undo b: ub broke") || !strings.Contains(msg, "undo a: ua broke") {
 		t.Errorf("message %q: want the cause, then each failed undo by step", msg)
+	}
+	if se := (*Error)(nil); errors.As(err, &se) && len(se.Undone) != 0 {
+		t.Errorf("undone %v: a failed undo is not undone", se.Undone)
 	}
 	if strings.Index(msg, "undo b") > strings.Index(msg, "undo a") {
 		t.Errorf("message %q: want the undo errors in the order they ran", msg)
