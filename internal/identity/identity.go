@@ -33,7 +33,9 @@ const EntropyBytes = 64
 
 // Identity is what makes one instance itself, as abox decided at create.
 type Identity struct {
-	Hostname string // the instance's name
+	// Hostname is the guest's hostname label: cloudinit.Hostname of the
+	// instance's name, as a cold boot's seed sets it.
+	Hostname string
 	User     string // the login user whose authorised key is replaced
 	// AuthorizedKey is the user's public key line ("ssh-ed25519 AAAA...").
 	AuthorizedKey string
@@ -132,8 +134,8 @@ func (r Request) Validate() error {
 	case r.User == "" || strings.ContainsAny(r.User, "/\x00\n") || r.User == "root":
 		return bad("user", "want the instance's login user")
 	}
-	if err := validate.InstanceName(r.Hostname); err != nil {
-		return bad("hostname", err.Error())
+	if !isLabel(r.Hostname) {
+		return bad("hostname", fmt.Sprintf("%q: want a hostname label (cloudinit.Hostname of the instance's name)", r.Hostname))
 	}
 	if _, _, _, rest, err := ssh.ParseAuthorizedKey([]byte(r.AuthorizedKey)); err != nil || len(rest) != 0 {
 		return bad("authorized key", "want one public key line")
@@ -179,6 +181,19 @@ func CAFingerprint(certPEM []byte) (string, error) {
 	}
 	sum := sha256.Sum256(blk.Bytes)
 	return hex.EncodeToString(sum[:]), nil
+}
+
+// isLabel: 1-63 lowercase letters, digits and '-', not at either end.
+func isLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func isHex(s string, n int) bool {

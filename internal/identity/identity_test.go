@@ -126,6 +126,8 @@ func TestNewRequestRefusesBadIdentities(t *testing.T) {
 		edit       func(*Identity)
 	}{
 		{"hostname", "hostname", func(i *Identity) { i.Hostname = "a b" }},
+		{"hostname with an underscore", "hostname", func(i *Identity) { i.Hostname = "my_box" }},
+		{"hostname ending in -", "hostname", func(i *Identity) { i.Hostname = "box-" }},
 		{"root user", "user", func(i *Identity) { i.User = "root" }},
 		{"authorized key", "authorized key", func(i *Identity) { i.AuthorizedKey = "ssh-ed25519 nope" }},
 		{"host key", "host key", func(i *Identity) { i.HostKeyPEM = []byte("-----BEGIN NOTHING-----") }},
