@@ -82,6 +82,10 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		}
 		return e
 	}
+	if raw, ok := out.(*[]byte); ok {
+		*raw = data
+		return nil
+	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
 			return fmt.Errorf("decoding api response: %w", err)
@@ -163,6 +167,13 @@ func (c *Client) Logs(ctx context.Context, component string, n int, since uint64
 	}
 	var b LogsBody
 	return b, c.do(ctx, http.MethodGet, "/v1/logs/"+url.PathEscape(component)+"?"+q.Encode(), nil, &b)
+}
+
+// Metrics returns the filters' Prometheus metrics in the text exposition
+// format.
+func (c *Client) Metrics(ctx context.Context) ([]byte, error) {
+	var b []byte
+	return b, c.do(ctx, http.MethodGet, "/metrics", nil, &b)
 }
 
 func (c *Client) KeyLog(ctx context.Context) (KeyLogStatus, error) {

@@ -61,6 +61,9 @@ type Server struct {
 	Logger *slog.Logger
 	// AllowedUIDs may connect besides root and the server's own uid.
 	AllowedUIDs []int
+	// Metrics serves GET /metrics (the Prometheus text exposition); nil
+	// answers 404.
+	Metrics http.Handler
 }
 
 type ctxKey struct{}
@@ -176,6 +179,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/logs/{component}", s.logs)
 	mux.HandleFunc("GET /v1/keylog", s.getKeyLog)
 	mux.HandleFunc("PUT /v1/keylog", s.setKeyLog)
+	mux.HandleFunc("GET /metrics", s.metrics)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// A request whose peer is unknown (credentials unreadable, or a
 		// connection that did not come through Serve) is nobody's: -1.
@@ -493,6 +497,14 @@ func (s *Server) setKeyLog(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, s.keyLogStatus())
+}
+
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	if s.Metrics == nil {
+		writeErr(w, http.StatusNotFound, errors.New("this instance's filters serve no metrics"), "restart the instance with a version of abox that does")
+		return
+	}
+	s.Metrics.ServeHTTP(w, r)
 }
 
 func (s *Server) logger() *slog.Logger {

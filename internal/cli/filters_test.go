@@ -43,7 +43,7 @@ func controlRig(t *testing.T) (run func(args ...string) (string, string, error),
 	ring := logring.New(10)
 	fmt.Fprintln(ring, `{"msg":"dns","name":"blocked.example","verdict":"block","reason":"not_allowlisted"}`)
 	srv := &api.Server{Instance: "dev", Policy: eng, Components: []api.Component{statComp{"dns"}, statComp{"http"}},
-		Logs: map[string]*logring.Ring{"dns": ring}}
+		Logs: map[string]*logring.Ring{"dns": ring}, Metrics: rigMetrics().Handler()}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { srv.Serve(ctx, ln); close(done) }()

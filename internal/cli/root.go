@@ -153,6 +153,7 @@ instance.`,
 		newMonitorCmd(e),
 		newSnapshotCmd(e),
 		newSecretCmd(e),
+		newMetricsCmd(e),
 	)
 	groupCommands(e, root)
 	return root

@@ -108,6 +108,11 @@ func (cfg *Config) check() error {
 	case cfg.HTTP != nil && cfg.HTTP.CADir == "":
 		return fmt.Errorf("%w: the proxy needs a CA directory", ErrConfig)
 	}
+	if cfg.MetricsListen != "" {
+		if _, err := ParseMetricsListen(cfg.MetricsListen); err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+	}
 	if d := cfg.DNS; d != nil {
 		lo, hi := or(d.MinTTL, DefaultMinTTL), or(d.MaxTTL, DefaultMaxTTL)
 		if lo < time.Second || hi < lo {
@@ -214,6 +219,15 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 		httpd decisionStream
 		err   error
 	)
+	reg := newRegistry(cfg)
+	mln, err := listenMetrics(cfg.MetricsListen)
+	if err != nil {
+		return Options{}, info, err
+	}
+	if mln != nil {
+		b.onClose(func() { mln.Close() })
+		info.MetricsAddr = mln.Addr()
+	}
 	if cfg.DNS != nil {
 		if dns, err = b.stream(cfg.Logs, cfg.Logs.DNSFile); err != nil {
 			return Options{}, info, err
@@ -330,6 +344,7 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 			Logger: slog.New(slog.NewJSONHandler(dns.w, nil)), DecisionLog: dns.w,
 			MinTTL: d.MinTTL, MaxTTL: d.MaxTTL,
 			CacheSize: d.CacheSize, RateLimit: d.RateLimit, RateBurst: d.RateBurst, Budget: bud,
+			Metrics: reg,
 		})
 		if err != nil {
 			return Options{}, info, err
@@ -413,13 +428,15 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 		keylog = proxy
 	}
 	o := Options{
-		Instance:  cfg.Instance,
-		Policy:    pol,
-		Services:  svcs,
-		Logs:      logs,
-		APISocket: cfg.APISocket,
-		Logger:    log,
-		Extra:     []api.Component{resolverComponent{res}},
+		Instance:        cfg.Instance,
+		Policy:          pol,
+		Services:        svcs,
+		Logs:            logs,
+		APISocket:       cfg.APISocket,
+		Logger:          log,
+		Extra:           []api.Component{resolverComponent{res}},
+		Metrics:         reg,
+		MetricsListener: mln,
 	}
 	if keylog != nil {
 		o.KeyLog = keylog

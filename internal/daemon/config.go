@@ -64,6 +64,14 @@ type Config struct {
 
 	Logs LogConfig
 
+	// MetricsListen is a loopback IP:PORT on which GET /metrics is also
+	// served over TCP for a scraper (ParseMetricsListen); empty: on the
+	// API socket only. Any other address is refused.
+	MetricsListen string
+	// Restarts is how many times this data plane's process was restarted
+	// before this run (StartsFromEnv, in a supervised process).
+	Restarts int
+
 	// CPUProfile, when set, is a file that receives a pprof CPU profile of
 	// the whole run (for `make bench` and speed work).
 	CPUProfile string
@@ -174,6 +182,8 @@ type Info struct {
 	Upstreams []string
 	// Mode is the policy mode at start ("active" or "passive").
 	Mode string
+	// MetricsAddr is the metrics listener's bound address, nil for none.
+	MetricsAddr net.Addr
 	// CACert is the interception CA's certificate file, when the proxy runs.
 	CACert string
 }

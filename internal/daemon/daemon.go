@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/abox-dev/abox/internal/api"
 	"github.com/abox-dev/abox/internal/logring"
+	"github.com/abox-dev/abox/internal/metrics"
 	"github.com/abox-dev/abox/internal/policy"
 )
 
@@ -45,6 +47,10 @@ type Options struct {
 	// APISocket is the unix socket path of the local API.
 	APISocket string
 	Logger    *slog.Logger
+	// Metrics are the data plane's metrics, served on the API socket and,
+	// when MetricsListener is set, on it.
+	Metrics         *metrics.Registry
+	MetricsListener net.Listener
 	// Ready is called once every listener is bound and the API answers.
 	Ready func()
 }
@@ -72,10 +78,16 @@ func serve(ctx context.Context, o Options) error {
 	}
 	comps = append(comps, o.Extra...)
 	srv := &api.Server{Instance: o.Instance, Policy: o.Policy, Components: comps, Logs: o.Logs, KeyLog: o.KeyLog, Logger: log}
+	if o.Metrics != nil {
+		srv.Metrics = o.Metrics.Handler()
+	}
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Serve(gctx, ln) })
 	g.Go(func() error { return o.Policy.Watch(gctx) })
+	if o.MetricsListener != nil && srv.Metrics != nil {
+		g.Go(func() error { return serveMetrics(gctx, o.MetricsListener, srv.Metrics) })
+	}
 	// SIGHUP is caught before Ready: a hangup sent once the daemon says it
 	// is ready reloads, and never meets the default action (exit).
 	hup := make(chan os.Signal, 1)

@@ -52,6 +52,13 @@ func startPlaneWith(t *testing.T, dc DNSConfig, hc HTTPConfig) *plane {
 // startPlaneLogs is startPlaneWith with the logging lc.
 func startPlaneLogs(t *testing.T, dc DNSConfig, hc HTTPConfig, lc LogConfig) *plane {
 	t.Helper()
+	return startPlaneConfig(t, dc, hc, lc, nil)
+}
+
+// startPlaneConfig is startPlaneLogs with mod, when not nil, applied to
+// the Config last.
+func startPlaneConfig(t *testing.T, dc DNSConfig, hc HTTPConfig, lc LogConfig, mod func(*Config)) *plane {
+	t.Helper()
 	unblock, arrived := make(chan struct{}), make(chan struct{}, 8)
 	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/block" {
@@ -89,17 +96,19 @@ func startPlaneLogs(t *testing.T, dc DNSConfig, hc HTTPConfig, lc LogConfig) *pl
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan Info, 1)
 	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, Config{
-			Instance: "t", AllowlistPath: p.allow, APISocket: sock,
-			Upstreams: []string{up.Addr},
-			AllowHost: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
-			DNS:       &dc,
-			HTTP:      &hc,
-			Logs:      lc,
-			Ready:     func(i Info) { ready <- i },
-		})
-	}()
+	cfg := Config{
+		Instance: "t", AllowlistPath: p.allow, APISocket: sock,
+		Upstreams: []string{up.Addr},
+		AllowHost: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		DNS:       &dc,
+		HTTP:      &hc,
+		Logs:      lc,
+		Ready:     func(i Info) { ready <- i },
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	go func() { done <- Run(ctx, cfg) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

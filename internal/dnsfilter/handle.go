@@ -458,6 +458,7 @@ func (s *Server) healthcheck(req *dns.Msg) *dns.Msg {
 // answers). The fields and their order are those the line had when slog
 // wrote it; see docs/dns.md.
 func (s *Server) logDecision(client netip.Addr, d decision, lb *decisionlog.Batch) {
+	s.metrics.observe(&d)
 	if s.dlog == nil {
 		return
 	}

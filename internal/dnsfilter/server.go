@@ -20,6 +20,7 @@ import (
 	"github.com/abox-dev/abox/internal/budget"
 	"github.com/abox-dev/abox/internal/contain"
 	"github.com/abox-dev/abox/internal/decisionlog"
+	"github.com/abox-dev/abox/internal/metrics"
 	"github.com/abox-dev/abox/internal/netclass"
 	"github.com/abox-dev/abox/internal/policy"
 )
@@ -81,6 +82,9 @@ type Config struct {
 	// bucket to charge instead of one of the filter's own, shared with the
 	// daemon's resolver; RateLimit, RateBurst and RateClients are then unused.
 	Budget *budget.Limiter
+	// Metrics, when set, receives the filter's Prometheus metrics
+	// (docs/metrics.md); nil measures nothing.
+	Metrics *metrics.Registry
 	// QueryTimeout bounds the upstream part of one query.
 	QueryTimeout time.Duration
 	// MaxInflight bounds concurrent upstream queries; past it queries get
@@ -118,6 +122,8 @@ type Server struct {
 	base atomic.Pointer[context.Context]
 
 	st counters
+	// metrics is nil when the filter is not measured.
+	metrics *dnsMetrics
 	// panics reports panics recovered while answering one query or batch
 	// (see internal/contain).
 	panics *contain.Reporter
@@ -134,7 +140,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Upstream == nil {
 		return nil, errors.New("dns filter: no upstream")
 	}
-	s := &Server{pc: cfg.PacketConn, ln: cfg.Listener, pol: cfg.Policy, up: cfg.Upstream, addrs: cfg.Addrs, log: cfg.Logger, dlog: cfg.DecisionLog, now: cfg.Now}
+	s := &Server{pc: cfg.PacketConn, ln: cfg.Listener, pol: cfg.Policy, up: cfg.Upstream, addrs: cfg.Addrs, log: cfg.Logger, dlog: cfg.DecisionLog, now: cfg.Now,
+		metrics: newDNSMetrics(cfg.Metrics)}
 	if s.addrs == nil {
 		s.addrs = netclass.NewPolicy(nil, nil)
 	}

@@ -239,6 +239,7 @@ func Supervise(ctx context.Context, l paths.Layout, exe, name string, log io.Wri
 		return err
 	}
 	defer os.Remove(f.DaemonPID)
+	starts := 0 // children started so far: the next one's restart count
 	return supervise.Run(ctx, supervise.Config{
 		Argv:  []string{exe, "daemon", "run", name},
 		Env:   append(os.Environ(), paths.EnvHome+"="+l.Root),
@@ -251,7 +252,8 @@ func Supervise(ctx context.Context, l paths.Layout, exe, name string, log io.Wri
 			if err != nil {
 				return nil, err
 			}
-			cmd.Env = append(cmd.Env, env)
+			cmd.Env = append(cmd.Env, env, daemon.EnvStarts+"="+strconv.Itoa(starts))
+			starts++
 			cmd.ExtraFiles = files
 			return func() {
 				for _, f := range files {

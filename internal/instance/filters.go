@@ -71,8 +71,13 @@ func RunFilters(ctx context.Context, l paths.Layout, name string, diag io.Writer
 	if err != nil {
 		return err
 	}
+	restarts, err := daemon.StartsFromEnv()
+	if err != nil {
+		return err
+	}
 	boundFilters()
 	cfg := DataPlane(l, st, socks, diag)
+	cfg.Restarts = restarts
 	if ready != nil {
 		cfg.Ready = func(daemon.Info) { ready() }
 	}

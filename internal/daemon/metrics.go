@@ -1,0 +1,97 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/abox-dev/abox/internal/metrics"
+)
+
+// EnvStarts is the environment variable in which the supervisor tells each
+// filter process how many it has started before it (0 for the first), so
+// that abox_filter_restarts_total survives the restarts it counts.
+const EnvStarts = "ABOX_FILTER_STARTS"
+
+// ParseMetricsListen checks the address of the metrics listener
+// (Config.MetricsListen): an IP:PORT on loopback. Metrics name no secrets
+// but tell what the guest does, and the listener checks no credentials, so
+// it is never offered to another host.
+func ParseMetricsListen(s string) (netip.AddrPort, error) {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("metrics listener %q: want a loopback IP:PORT such as 127.0.0.1:9153", s)
+	}
+	if !ap.Addr().Unmap().IsLoopback() {
+		return netip.AddrPort{}, fmt.Errorf("metrics listener %q: %s is not a loopback address; the listener has no authentication, so bind it to 127.0.0.1 or ::1 and let a scraper elsewhere come through an SSH tunnel", s, ap.Addr())
+	}
+	return ap, nil
+}
+
+// StartsFromEnv reads EnvStarts, Config.Restarts of a supervised filter
+// process: 0 when unset, an error when it is not a count (a supervisor
+// bug, reported rather than guessed around).
+func StartsFromEnv() (int, error) {
+	v := os.Getenv(EnvStarts)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%w: %s=%q: want a count of earlier starts", ErrConfig, EnvStarts, v)
+	}
+	return n, nil
+}
+
+// newRegistry builds the data plane's registry with the daemon's own
+// metrics: the filter restarts, the count cfg carries.
+func newRegistry(cfg Config) *metrics.Registry {
+	reg := metrics.New(cfg.Instance)
+	restarts := float64(cfg.Restarts)
+	reg.CounterFunc(metrics.LayerDaemon, "abox_filter_restarts_total",
+		"Times the supervisor restarted this instance's filter process.", func() float64 { return restarts })
+	return reg
+}
+
+// listenMetrics binds the metrics listener of cfg, or returns nil for none.
+func listenMetrics(addr string) (net.Listener, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	ap, err := ParseMetricsListen(addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	ln, err := net.Listen("tcp", ap.String())
+	if err != nil {
+		return nil, listenError{fmt.Errorf("metrics listener: %w", err)}
+	}
+	return ln, nil
+}
+
+// serveMetrics serves GET /metrics alone on ln until ctx ends.
+func serveMetrics(ctx context.Context, ln net.Listener, h http.Handler) error {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", h)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		hs.Shutdown(sctx)
+		return nil
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("serving metrics: %w", err)
+	}
+}

@@ -1,0 +1,179 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/miekg/dns"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// scrape parses the metrics the plane's API serves.
+func (p *plane) scrape(t *testing.T) map[string]*dto.MetricFamily {
+	t.Helper()
+	text, err := p.api.Metrics(context.Background())
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	return parseMetrics(t, text)
+}
+
+func parseMetrics(t *testing.T, text []byte) map[string]*dto.MetricFamily {
+	t.Helper()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(text))
+	if err != nil {
+		t.Fatalf("parsing the metrics: %v\n%s", err, text)
+	}
+	return fams
+}
+
+// sample is the value of the series of family name whose labels include
+// want (a histogram: its count), and whether there is one.
+func sample(fams map[string]*dto.MetricFamily, name string, want map[string]string) (float64, bool) {
+	f, ok := fams[name]
+	if !ok {
+		return 0, false
+	}
+next:
+	for _, m := range f.GetMetric() {
+		got := map[string]string{}
+		for _, l := range m.GetLabel() {
+			got[l.GetName()] = l.GetValue()
+		}
+		for k, v := range want {
+			if got[k] != v {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.Counter.GetValue(), true
+		case m.Histogram != nil:
+			return float64(m.Histogram.GetSampleCount()), true
+		}
+	}
+	return 0, false
+}
+
+func wantSample(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels map[string]string, want float64) {
+	t.Helper()
+	got, ok := sample(fams, name, labels)
+	if !ok {
+		got = 0 // a series never counted is not exposed
+	}
+	if got != want {
+		t.Errorf("%s%v = %v, want %v", name, labels, got, want)
+	}
+}
+
+// N allowed and M refused queries through the real DNS filter are exactly
+// what a scrape counts: by instance, layer, verdict and reason, with the
+// cache hits and the upstream lookups among them.
+func TestMetricsCountDNSQueries(t *testing.T) {
+	p := startPlaneConfig(t, DNSConfig{RateLimit: -1}, HTTPConfig{}, LogConfig{}, func(c *Config) { c.Restarts = 2 })
+	const allowed, refused = 5, 3
+	for range allowed {
+		if rc := p.query(t, "allowed.test."); rc != dns.RcodeSuccess {
+			t.Fatalf("allowed.test: rcode %s", dns.RcodeToString[rc])
+		}
+	}
+	for range refused {
+		if rc := p.query(t, "refused.test."); rc != dns.RcodeNameError {
+			t.Fatalf("refused.test: rcode %s", dns.RcodeToString[rc])
+		}
+	}
+	fams := p.scrape(t)
+	dnsL := func(kv ...string) map[string]string {
+		m := map[string]string{"instance": "t", "layer": "dns"}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	wantSample(t, fams, "abox_dns_queries_total", dnsL("verdict", "allow", "reason", "allowlisted"), allowed)
+	wantSample(t, fams, "abox_dns_queries_total", dnsL("verdict", "block", "reason", "not_allowlisted"), refused)
+	// The first allowed query went upstream; the others were cached.
+	wantSample(t, fams, "abox_dns_cache_hits_total", dnsL(), allowed-1)
+	wantSample(t, fams, "abox_dns_upstream_seconds", dnsL(), 1)
+	wantSample(t, fams, "abox_filter_restarts_total", map[string]string{"instance": "t", "layer": "daemon"}, 2)
+	var total float64
+	for _, m := range fams["abox_dns_queries_total"].GetMetric() {
+		total += m.Counter.GetValue()
+	}
+	if total != allowed+refused {
+		t.Errorf("abox_dns_queries_total sums to %v, want %d: a query was counted twice or not at all", total, allowed+refused)
+	}
+}
+
+// A rate-limited client's queries are counted as refusals with their
+// reason, and in the rate-limited counter, even past the lines the flood
+// budget writes.
+func TestMetricsCountRateLimited(t *testing.T) {
+	p := startPlaneDNS(t, DNSConfig{RateLimit: 0.001, RateBurst: 2})
+	const queries = 40 // past the flood budget of refusal lines (decisionlog.DefaultRefusalsPerClient)
+	limited := 0
+	for range queries {
+		if p.query(t, "allowed.test.") == dns.RcodeRefused {
+			limited++
+		}
+	}
+	if limited != queries-2 {
+		t.Fatalf("%d of %d queries refused, want %d (burst 2)", limited, queries, queries-2)
+	}
+	fams := p.scrape(t)
+	wantSample(t, fams, "abox_dns_queries_total", map[string]string{"verdict": "block", "reason": "rate_limited"}, float64(limited))
+	wantSample(t, fams, "abox_dns_rate_limited_total", map[string]string{"layer": "dns"}, float64(limited))
+}
+
+// The loopback listener serves the same metrics to a scraper.
+func TestMetricsListener(t *testing.T) {
+	p := startPlaneConfig(t, DNSConfig{RateLimit: -1}, HTTPConfig{}, LogConfig{}, func(c *Config) { c.MetricsListen = "127.0.0.1:0" })
+	if p.info.MetricsAddr == nil {
+		t.Fatal("Info.MetricsAddr is nil with MetricsListen set")
+	}
+	p.query(t, "refused.test.")
+	resp, err := http.Get("http://" + p.info.MetricsAddr.String() + "/metrics")
+	if err != nil {
+		t.Fatalf("scraping the listener: %v", err)
+	}
+	defer resp.Body.Close()
+	text, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("listener answered %s: %s", resp.Status, text)
+	}
+	wantSample(t, parseMetrics(t, text), "abox_dns_queries_total", map[string]string{"reason": "not_allowlisted"}, 1)
+}
+
+// A listener on anything but loopback is refused before anything is
+// bound, with the reason and the fix.
+func TestMetricsListenerRefusesNonLoopback(t *testing.T) {
+	for _, addr := range []string{"0.0.0.0:9153", "[::]:9153", "192.0.2.1:9153", "localhost:9153", "127.0.0.1"} {
+		t.Run(addr, func(t *testing.T) {
+			// Cancelled: a Run that got past the check returns at once
+			// instead of serving.
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			err := Run(ctx, Config{
+				Instance: "t", AllowlistPath: "/nonexistent", APISocket: "/nonexistent.sock",
+				DNS: &DNSConfig{Listen: "127.0.0.1:0"}, MetricsListen: addr,
+			})
+			if !errors.Is(err, ErrConfig) {
+				t.Fatalf("Run with MetricsListen %q: %v, want ErrConfig", addr, err)
+			}
+			if !strings.Contains(err.Error(), "loopback") || !strings.Contains(err.Error(), addr) {
+				t.Errorf("error %q does not name the address and ask for loopback", err)
+			}
+		})
+	}
+	if _, err := ParseMetricsListen("[::1]:9153"); err != nil {
+		t.Errorf("[::1]:9153: %v, want accepted", err)
+	}
+}
