@@ -419,6 +419,7 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 			RequestRate:    h.RateLimit,
 			RequestBurst:   h.RateBurst,
 			MaxUpstream:    h.MaxUpstream,
+			Metrics:        httpfilter.NewMetrics(reg),
 		})
 		if err != nil {
 			return Options{}, info, err

@@ -177,3 +177,45 @@ func TestMetricsListenerRefusesNonLoopback(t *testing.T) {
 		t.Errorf("[::1]:9153: %v, want accepted", err)
 	}
 }
+
+// N allowed and M refused requests through the real proxy are exactly what
+// a scrape counts, with the bytes they carried.
+func TestMetricsCountProxyRequests(t *testing.T) {
+	p := startPlane(t)
+	const allowed, refused = 4, 3
+	for range allowed {
+		if code := p.get(t, "allowed.test"); code != http.StatusOK {
+			t.Fatalf("allowed.test: %d", code)
+		}
+	}
+	for range refused {
+		if code := p.get(t, "refused.test"); code != http.StatusForbidden {
+			t.Fatalf("refused.test: %d", code)
+		}
+	}
+	fams := p.scrape(t)
+	httpL := map[string]string{"instance": "t", "layer": "http", "kind": "http"}
+	with := func(kv ...string) map[string]string {
+		m := map[string]string{}
+		for k, v := range httpL {
+			m[k] = v
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	wantSample(t, fams, "abox_http_requests_total", with("verdict", "allow", "reason", "allowlisted"), allowed)
+	wantSample(t, fams, "abox_http_requests_total", with("verdict", "block", "reason", "not_allowlisted"), refused)
+	var total float64
+	for _, m := range fams["abox_http_requests_total"].GetMetric() {
+		total += m.Counter.GetValue()
+	}
+	if total != allowed+refused {
+		t.Errorf("abox_http_requests_total sums to %v, want %d", total, allowed+refused)
+	}
+	// Each allowed response carried the origin's 6 bytes of body.
+	if down, _ := sample(fams, "abox_http_bytes_total", with("direction", "down")); down < float64(allowed*len("origin")) {
+		t.Errorf("bytes down = %v, want at least %d", down, allowed*len("origin"))
+	}
+}

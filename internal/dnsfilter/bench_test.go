@@ -9,17 +9,21 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/abox-dev/abox/internal/dnsfilter"
+	"github.com/abox-dev/abox/internal/metrics"
 )
 
 // BenchmarkHandle measures the decision path without sockets: a blocked
 // name, a cached allowed name, and the healthcheck, with the decision log
 // off and on (to io.Discard through the asynchronous writer, as in production).
+// With metrics=on the filter also counts into a registry (docs/metrics.md):
+// compare it with metrics=off in the same run.
 func BenchmarkHandle(b *testing.B) {
 	for _, mode := range []struct {
-		name string
-		w    io.Writer
-	}{{"log=off", nil}, {"log=on", io.Discard}} {
-		srv, _, _, _ := newFuzzServer(b, mode.w)
+		name    string
+		w       io.Writer
+		metrics bool
+	}{{"log=off", nil, false}, {"log=on", io.Discard, false}, {"log=on/metrics=on", io.Discard, true}} {
+		srv, _, _, _ := newFuzzServerWith(b, mode.w, nil, withMetrics(mode.metrics))
 		client := netip.MustParseAddr("192.0.2.10")
 		ctx := context.Background()
 		for _, bc := range []struct {
@@ -53,7 +57,17 @@ func benchLoop(b *testing.B, name string, answer func() bool) {
 // datagram out, without the system calls: a blocked name, a cached
 // allowed name (answered packed), with and without EDNS, decision log on.
 func BenchmarkDatagram(b *testing.B) {
-	srv, _, _, _ := newFuzzServer(b, io.Discard)
+	for _, m := range []bool{false, true} {
+		benchDatagram(b, m)
+	}
+}
+
+func benchDatagram(b *testing.B, metricsOn bool) {
+	srv, _, _, _ := newFuzzServerWith(b, io.Discard, nil, withMetrics(metricsOn))
+	suffix := "/metrics=off"
+	if metricsOn {
+		suffix = "/metrics=on"
+	}
 	client := netip.MustParseAddr("192.0.2.10")
 	ctx := context.Background()
 	for _, bc := range []struct {
@@ -70,6 +84,14 @@ func BenchmarkDatagram(b *testing.B) {
 			b.Fatal(err)
 		}
 		dst := make([]byte, 0, dnsfilter.MaxUDPSize)
-		benchLoop(b, bc.name, func() bool { return srv.AnswerDatagram(ctx, wire, client, dst) != nil })
+		benchLoop(b, bc.name+suffix, func() bool { return srv.AnswerDatagram(ctx, wire, client, dst) != nil })
 	}
+}
+
+// withMetrics measures the server into a registry of its own when on.
+func withMetrics(on bool) func(*dnsfilter.Config) {
+	if !on {
+		return nil
+	}
+	return func(c *dnsfilter.Config) { c.Metrics = metrics.New("bench") }
 }

@@ -65,6 +65,12 @@ func newFuzzServer(f testing.TB, log io.Writer) (*dnsfilter.Server, *recorder, *
 
 // newFuzzServerAt is newFuzzServer with the clock now (nil: time.Now).
 func newFuzzServerAt(f testing.TB, log io.Writer, now func() time.Time) (*dnsfilter.Server, *recorder, *policy.Engine, *decisionlog.Writer) {
+	return newFuzzServerWith(f, log, now, nil)
+}
+
+// newFuzzServerWith is newFuzzServerAt with mod, when not nil, applied to
+// the server's Config last.
+func newFuzzServerWith(f testing.TB, log io.Writer, now func() time.Time, mod func(*dnsfilter.Config)) (*dnsfilter.Server, *recorder, *policy.Engine, *decisionlog.Writer) {
 	path := filepath.Join(f.TempDir(), "allowlist.txt")
 	if err := os.WriteFile(path, []byte("example.com\n*.example.com\n"), 0o644); err != nil {
 		f.Fatal(err)
@@ -86,7 +92,11 @@ func newFuzzServerAt(f testing.TB, log io.Writer, now func() time.Time) (*dnsfil
 		dlog = decisionlog.New(decisionlog.Config{Sinks: []io.Writer{log}, RefusalsPerClient: -1, LocalPerClient: -1})
 		f.Cleanup(func() { dlog.Close() })
 	}
-	srv, err := dnsfilter.New(dnsfilter.Config{PacketConn: pc, Policy: pol, Upstream: rec, RateLimit: -1, CacheSize: 100, DecisionLog: dlog, Now: now})
+	cfg := dnsfilter.Config{PacketConn: pc, Policy: pol, Upstream: rec, RateLimit: -1, CacheSize: 100, DecisionLog: dlog, Now: now}
+	if mod != nil {
+		mod(&cfg)
+	}
+	srv, err := dnsfilter.New(cfg)
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -226,6 +226,7 @@ func clientAddr(hostport string) netip.Addr {
 // finish writes the log line and counts the outcome.
 func (p *Proxy) finish(r *record) {
 	p.redactPath(r)
+	p.cfg.Metrics.observe(r)
 	p.cfg.Policy.Observe(policy.Observation{Kind: r.kind, Host: r.host, Port: r.port, Method: r.method, Path: r.path, Status: r.status, Allowed: r.verdict == allowlist.Allow, Reason: r.reason, Tunnel: r.mode == "tunnel"})
 	p.stats.requests.Add(1)
 	switch {

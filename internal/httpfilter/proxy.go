@@ -38,6 +38,8 @@ import (
 type Config struct {
 	// Listener is bound by the caller (daemon readiness means "bound").
 	Listener net.Listener
+	// Metrics, when not nil, counts the decisions (NewMetrics, metrics.go).
+	Metrics *Metrics
 	// Policy decides names (healthcheck, allowlist, passive mode).
 	Policy *policy.Engine
 	// Resolver resolves allowlisted names once per decision.

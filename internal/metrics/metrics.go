@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -87,14 +88,27 @@ func (r *Registry) Histogram(layer, name, help string, buckets []float64) promet
 // values are the closed set values: their children are built now, so that
 // a caller holds them and never looks a label up per event.
 func (r *Registry) CounterVec(layer, name, help, label string, values ...string) []prometheus.Counter {
-	v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{label})
-	r.layer(layer).MustRegister(v)
+	f := r.Family(layer, name, help, label)
 	out := make([]prometheus.Counter, len(values))
 	for i, val := range values {
-		out[i] = v.WithLabelValues(val)
+		out[i] = f.Child(val)
 	}
 	return out
 }
+
+// Family is a counter with variable labels of closed sets; a caller builds
+// each child once, with Child, and holds it.
+type Family struct{ vec *prometheus.CounterVec }
+
+// Family registers a counter of layer with the variable labels.
+func (r *Registry) Family(layer, name, help string, labels ...string) *Family {
+	v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	r.layer(layer).MustRegister(v)
+	return &Family{vec: v}
+}
+
+// Child is the counter of the label values, one per label.
+func (f *Family) Child(values ...string) prometheus.Counter { return f.vec.WithLabelValues(values...) }
 
 // Decisions counts one kind of decision of a layer by verdict and reason
 // (abox_dns_queries_total, abox_http_requests_total). Its children are
@@ -106,6 +120,19 @@ type Decisions struct {
 	mu     sync.Mutex
 	// table is immutable once published; mu serialises its replacement.
 	table atomic.Pointer[decisionTable]
+	// hot caches children by the address of their strings' bytes: the
+	// reason codes are constants, so the same code is the same pointer
+	// and a hit costs no hashing. A miss falls back to table.
+	hot [hotSlots]atomic.Pointer[hotSlot]
+}
+
+const hotSlots = 32
+
+// hotSlot is immutable once stored.
+type hotSlot struct {
+	verdict, reason *byte
+	vlen, rlen      int
+	c               prometheus.Counter
 }
 
 type decisionTable struct {
@@ -146,12 +173,21 @@ func (d *Decisions) Inc(verdict, reason string) {
 	if d == nil {
 		return
 	}
-	t := d.table.Load()
-	if c, ok := t.byVerdict(verdict)[reason]; ok {
-		c.Inc()
+	vp, rp := unsafe.StringData(verdict), unsafe.StringData(reason)
+	i := (uintptr(unsafe.Pointer(rp))>>3 ^ uintptr(len(reason)) ^ uintptr(unsafe.Pointer(vp))>>4) % hotSlots
+	if h := d.hot[i].Load(); h != nil && h.reason == rp && h.verdict == vp && h.rlen == len(reason) && h.vlen == len(verdict) {
+		h.c.Inc()
 		return
 	}
-	d.child(verdict, reason).Inc()
+	t := d.table.Load()
+	c, ok := t.byVerdict(verdict)[reason]
+	if !ok {
+		c = d.child(verdict, reason)
+	}
+	c.Inc()
+	if rp != nil && vp != nil {
+		d.hot[i].Store(&hotSlot{verdict: vp, reason: rp, vlen: len(verdict), rlen: len(reason), c: c})
+	}
 }
 
 func (t *decisionTable) byVerdict(verdict string) map[string]prometheus.Counter {
