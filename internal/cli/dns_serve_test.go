@@ -49,6 +49,7 @@ func TestDNSServeFlagErrors(t *testing.T) {
 		{"upstream host name", []string{"--allowlist", allow, "--upstream", "dns.google"}, "want IP or IP:PORT"},
 		{"bad listen", []string{"--allowlist", allow, "--upstream", "127.0.0.1", "--listen", "localhost:53"}, "not an IP address"},
 		{"bad name", []string{"--allowlist", allow, "--upstream", "127.0.0.1", "--name", "../x"}, "--name"},
+		{"metrics on every address", []string{"--allowlist", allow, "--upstream", "127.0.0.1", "--metrics-listen", "0.0.0.0:9153"}, "not a loopback address"},
 		{"ttl order", []string{"--allowlist", allow, "--upstream", "127.0.0.1", "--min-ttl", "10m"}, "--min-ttl"},
 	}
 	for _, tt := range tests {

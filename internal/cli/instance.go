@@ -94,6 +94,7 @@ own /24, and the libvirt domain with its packet filter. Nothing runs until
 	f.StringVar(&s.UpstreamCA, "upstream-ca", "", "PEM FILE of extra roots the proxy trusts for origin TLS (besides the system's)")
 	f.StringVar(&s.UpstreamProxy, "upstream-proxy", "", "parent proxy http://HOST:PORT for the filters' own egress (no credentials in the URL)")
 	f.StringVar(&s.UpstreamProxyCredentials, "upstream-proxy-credentials", "", "FILE holding the parent proxy's USER:PASSWORD on one line")
+	f.StringVar(&s.MetricsListen, "metrics-listen", "", "loopback IP:PORT on which the filters also serve Prometheus metrics to a scraper (off by default; see docs/metrics.md)")
 	f.StringVar(&s.Template, "template", "", "libvirt domain template FILE (replaces the hardened defaults)")
 	f.BoolVar(&s.Monitor, "monitor", false, "runtime monitor: stream the guest's Tetragon events to the host (see docs/monitor.md)")
 	f.StringVar(&s.MonitorBundle, "monitor-bundle", "", "install Tetragon in the guest from the bundle `FILE` (upstream's linux-tarball layout, checked first), or the word release for the pinned upstream release (downloaded over https, sha256-verified); implies --monitor")

@@ -51,6 +51,7 @@ type serveFlags struct {
 	passive      bool
 	logFile      string
 	timeout      time.Duration
+	metrics      string
 }
 
 // register adds the shared flags to fs; name, passive and the filter's
@@ -63,6 +64,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet, allowPrivateUsage string) {
 	fs.StringArrayVar(&f.allowPrivate, "allow-private", nil, allowPrivateUsage)
 	fs.StringArrayVar(&f.allowHost, "allow-host", nil, allowHostUsage)
 	fs.StringVar(&f.logFile, "log-file", "", "append decision lines to FILE instead of stderr")
+	fs.StringVar(&f.metrics, "metrics-listen", "", "loopback IP:PORT on which to serve Prometheus metrics to a scraper as well as on the API socket (off by default)")
 	fs.DurationVar(&f.timeout, "upstream-timeout", daemon.DefaultUpstreamTimeout, "timeout of the tries against one upstream resolver")
 }
 
@@ -81,6 +83,11 @@ func (f *serveFlags) resolve(e *env) (daemon.Config, paths.Layout, func(), error
 	permitHost, err := parsePermit("--allow-host", f.allowHost, e.stderr)
 	if err != nil {
 		return fail(usageError{err})
+	}
+	if f.metrics != "" {
+		if _, err := daemon.ParseMetricsListen(f.metrics); err != nil {
+			return fail(usageError{fmt.Errorf("--metrics-listen: %w", err)})
+		}
 	}
 	for _, u := range f.upstreams {
 		if _, err := daemon.ParseUpstream(u); err != nil {
@@ -120,6 +127,7 @@ func (f *serveFlags) resolve(e *env) (daemon.Config, paths.Layout, func(), error
 		AllowHost:       permitHost,
 		Logs:            logs,
 		CPUProfile:      f.cpuProfile,
+		MetricsListen:   f.metrics,
 	}, l, closeLogs, nil
 }
 

@@ -219,3 +219,19 @@ func TestMetricsCountProxyRequests(t *testing.T) {
 		t.Errorf("bytes down = %v, want at least %d", down, allowed*len("origin"))
 	}
 }
+
+// The supervisor's start count is read as it is written, and anything else
+// is an error rather than a restart count of 0.
+func TestStartsFromEnv(t *testing.T) {
+	for _, tt := range []struct {
+		env  string
+		want int
+		ok   bool
+	}{{"", 0, true}, {"0", 0, true}, {"7", 7, true}, {"-1", 0, false}, {"x", 0, false}} {
+		t.Setenv(EnvStarts, tt.env)
+		n, err := StartsFromEnv()
+		if (err == nil) != tt.ok || n != tt.want {
+			t.Errorf("%s=%q: %d, %v; want %d, ok %v", EnvStarts, tt.env, n, err, tt.want, tt.ok)
+		}
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/abox-dev/abox/internal/allowlist"
 	"github.com/abox-dev/abox/internal/ca"
 	"github.com/abox-dev/abox/internal/cloudinit"
+	"github.com/abox-dev/abox/internal/daemon"
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/fsutil"
 	"github.com/abox-dev/abox/internal/image"
@@ -60,6 +61,8 @@ type Spec struct {
 	// USER:PASSWORD in the file UpstreamProxyCredentials (optional).
 	UpstreamProxy            string
 	UpstreamProxyCredentials string
+	// MetricsListen is an optional loopback IP:PORT for a metrics scraper.
+	MetricsListen string
 	// Monitor gives the guest the runtime monitor: a virtio-serial channel
 	// to the host and the forwarder that streams Tetragon's events into it
 	// (abox.yaml's monitor.enabled).
@@ -214,6 +217,11 @@ func (c *creation) checkSpec(ctx context.Context) (err error) {
 			return fmt.Errorf("upstream CA bundle %s holds no PEM certificate", spec.UpstreamCA)
 		}
 	}
+	if spec.MetricsListen != "" {
+		if _, err := daemon.ParseMetricsListen(spec.MetricsListen); err != nil {
+			return State{}, nil, fmt.Errorf("creating %s: %w", spec.Name, err)
+		}
+	}
 	if spec.UpstreamProxy != "" {
 		if _, err := egress.NewParentProxy(spec.UpstreamProxy, spec.UpstreamProxyCredentials); err != nil {
 			return err
@@ -274,6 +282,7 @@ func (c *creation) allocate(ctx context.Context) (err error) {
 		MonitorBundle: c.bundle,
 		Template:      c.template,
 		UpstreamProxy: spec.UpstreamProxy, UpstreamProxyCredentials: spec.UpstreamProxyCredentials,
+		MetricsListen: spec.MetricsListen,
 		Kernel: base.KernelPath(), Initrd: base.InitrdPath(),
 	}
 	st := &c.st

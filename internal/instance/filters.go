@@ -44,7 +44,8 @@ func DataPlane(l paths.Layout, st State, socks *daemon.Sockets, diag io.Writer) 
 			KeyLogPath:               f.KeyLog,
 			SecretsDir:               l.Secrets(),
 		},
-		Logs: daemon.LogConfig{DNSFile: f.DNSLog, HTTPFile: f.HTTPLog, Diag: diag},
+		Logs:          daemon.LogConfig{DNSFile: f.DNSLog, HTTPFile: f.HTTPLog, Diag: diag},
+		MetricsListen: st.MetricsListen,
 	}
 	if socks != nil {
 		cfg.DNS.PacketConn, cfg.DNS.Listener, cfg.HTTP.Listener = socks.DNSPacket, socks.DNSStream, socks.HTTP

@@ -75,6 +75,9 @@ type State struct {
 	// file with its USER:PASSWORD, read at every filter start.
 	UpstreamProxy            string `json:"upstream_proxy,omitempty"`
 	UpstreamProxyCredentials string `json:"upstream_proxy_credentials,omitempty"`
+	// MetricsListen is a loopback IP:PORT on which the filters also serve
+	// GET /metrics for a scraper (daemon.Config.MetricsListen), or empty.
+	MetricsListen string `json:"metrics_listen,omitempty"`
 	// Monitor: the guest has the runtime monitor's channel and forwarder,
 	// and start runs the host-side monitor process.
 	Monitor bool `json:"monitor,omitempty"`

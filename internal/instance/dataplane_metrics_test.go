@@ -1,0 +1,21 @@
+package instance
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/abox-dev/abox/internal/paths"
+)
+
+// The instance's metrics listener reaches the daemon; none by default.
+func TestDataPlaneMetricsListen(t *testing.T) {
+	l := paths.Layout{Root: t.TempDir()}
+	st := State{Name: "dev", Gateway: netip.MustParseAddr("10.10.7.1"), ProxyPort: 3128}
+	if cfg := DataPlane(l, st, nil, nil); cfg.MetricsListen != "" {
+		t.Errorf("DataPlane without a setting: metrics listener %q, want none", cfg.MetricsListen)
+	}
+	st.MetricsListen = "127.0.0.1:9153"
+	if cfg := DataPlane(l, st, nil, nil); cfg.MetricsListen != st.MetricsListen {
+		t.Errorf("DataPlane: metrics listener %q, want %q", cfg.MetricsListen, st.MetricsListen)
+	}
+}
