@@ -283,7 +283,7 @@ func (c *creation) allocate(ctx context.Context) (err error) {
 		Template:      c.template,
 		UpstreamProxy: spec.UpstreamProxy, UpstreamProxyCredentials: spec.UpstreamProxyCredentials,
 		MetricsListen: spec.MetricsListen,
-		Kernel: base.KernelPath(), Initrd: base.InitrdPath(),
+		Kernel:        base.KernelPath(), Initrd: base.InitrdPath(),
 	}
 	st := &c.st
 	if base.Boot != nil {
