@@ -68,6 +68,10 @@ type Config struct {
 	// served over TCP for a scraper (ParseMetricsListen); empty: on the
 	// API socket only. Any other address is refused.
 	MetricsListen string
+	// MonitorStatus is the runtime monitor's status file
+	// (paths.Instance.MonitorStatus), whose counts a scrape reads; empty:
+	// no monitor metrics.
+	MonitorStatus string
 	// Restarts is how many times this data plane's process was restarted
 	// before this run (StartsFromEnv, in a supervised process).
 	Restarts int

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/netip"
@@ -11,7 +12,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/abox-dev/abox/internal/metrics"
+	"github.com/abox-dev/abox/internal/monitor"
 )
 
 // EnvStarts is the environment variable in which the supervisor tells each
@@ -56,7 +60,57 @@ func newRegistry(cfg Config) *metrics.Registry {
 	restarts := float64(cfg.Restarts)
 	reg.CounterFunc(metrics.LayerDaemon, "abox_filter_restarts_total",
 		"Times the supervisor restarted this instance's filter process.", func() float64 { return restarts })
+	if cfg.MonitorStatus != "" {
+		reg.Collector(metrics.LayerMonitor, newMonitorCollector(cfg.MonitorStatus))
+	}
 	return reg
+}
+
+// monitorCollector exposes the runtime monitor's counts, which the monitor
+// (a process of its own, without an API) keeps in its status file: each
+// event and drop is counted there once, and read here when scraped. A
+// monitor that is not running exposes nothing; its restart resets the
+// counters, as Prometheus expects of a process's counters.
+type monitorCollector struct {
+	path                     string
+	events, dropped, connect *prometheus.Desc
+}
+
+func newMonitorCollector(path string) *monitorCollector {
+	return &monitorCollector{
+		path:    path,
+		events:  prometheus.NewDesc("abox_monitor_events_total", "Runtime monitor events accepted from the guest since the monitor started.", nil, nil),
+		dropped: prometheus.NewDesc("abox_monitor_dropped_total", "Runtime monitor lines dropped since the monitor started, by reason (oversize, rate, invalid).", []string{"reason"}, nil),
+		connect: prometheus.NewDesc("abox_monitor_connected", "1 while the monitor's channel to the guest is open.", nil, nil),
+	}
+}
+
+func (c *monitorCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.events
+	ch <- c.dropped
+	ch <- c.connect
+}
+
+func (c *monitorCollector) Collect(ch chan<- prometheus.Metric) {
+	st, err := monitor.ReadStatus(c.path)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			ch <- prometheus.NewInvalidMetric(c.events, err)
+		}
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.events, prometheus.CounterValue, float64(st.Events))
+	for _, d := range []struct {
+		reason string
+		n      uint64
+	}{{"oversize", st.DroppedOversize}, {"rate", st.DroppedRate}, {"invalid", st.DroppedInvalid}} {
+		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(d.n), d.reason)
+	}
+	connected := 0.0
+	if st.Connected {
+		connected = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.connect, prometheus.GaugeValue, connected)
 }
 
 // listenMetrics binds the metrics listener of cfg, or returns nil for none.

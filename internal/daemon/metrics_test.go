@@ -3,9 +3,12 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -13,6 +16,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/abox-dev/abox/internal/monitor"
 )
 
 // scrape parses the metrics the plane's API serves.
@@ -234,4 +239,30 @@ func TestStartsFromEnv(t *testing.T) {
 			t.Errorf("%s=%q: %d, %v; want %d, ok %v", EnvStarts, tt.env, n, err, tt.want, tt.ok)
 		}
 	}
+}
+
+// The monitor's counts, kept in its status file, are what a scrape shows;
+// no file (the monitor is not running) shows none.
+func TestMetricsMonitor(t *testing.T) {
+	status := filepath.Join(t.TempDir(), "monitor.json")
+	p := startPlaneConfig(t, DNSConfig{RateLimit: -1}, HTTPConfig{}, LogConfig{}, func(c *Config) { c.MonitorStatus = status })
+	if _, ok := sample(p.scrape(t), "abox_monitor_events_total", nil); ok {
+		t.Error("monitor events exposed without a status file")
+	}
+	b, _ := json.Marshal(monitor.Status{Connected: true, Events: 7, DroppedRate: 2, DroppedOversize: 1})
+	if err := os.WriteFile(status, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fams := p.scrape(t)
+	mon := func(kv ...string) map[string]string {
+		m := map[string]string{"instance": "t", "layer": "monitor"}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	wantSample(t, fams, "abox_monitor_events_total", mon(), 7)
+	wantSample(t, fams, "abox_monitor_dropped_total", mon("reason", "rate"), 2)
+	wantSample(t, fams, "abox_monitor_dropped_total", mon("reason", "oversize"), 1)
+	wantSample(t, fams, "abox_monitor_dropped_total", mon("reason", "invalid"), 0)
 }

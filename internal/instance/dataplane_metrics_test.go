@@ -19,3 +19,16 @@ func TestDataPlaneMetricsListen(t *testing.T) {
 		t.Errorf("DataPlane: metrics listener %q, want %q", cfg.MetricsListen, st.MetricsListen)
 	}
 }
+
+// An instance with the runtime monitor has its counts among the metrics.
+func TestDataPlaneMonitorMetrics(t *testing.T) {
+	l := paths.Layout{Root: t.TempDir()}
+	st := State{Name: "dev", Gateway: netip.MustParseAddr("10.10.7.1"), ProxyPort: 3128}
+	if cfg := DataPlane(l, st, nil, nil); cfg.MonitorStatus != "" {
+		t.Errorf("no monitor: status %q, want none", cfg.MonitorStatus)
+	}
+	st.Monitor = true
+	if cfg := DataPlane(l, st, nil, nil); cfg.MonitorStatus != l.Instance("dev").MonitorStatus {
+		t.Errorf("monitor: status %q, want %q", cfg.MonitorStatus, l.Instance("dev").MonitorStatus)
+	}
+}

@@ -47,6 +47,9 @@ func DataPlane(l paths.Layout, st State, socks *daemon.Sockets, diag io.Writer) 
 		Logs:          daemon.LogConfig{DNSFile: f.DNSLog, HTTPFile: f.HTTPLog, Diag: diag},
 		MetricsListen: st.MetricsListen,
 	}
+	if st.Monitor {
+		cfg.MonitorStatus = f.MonitorStatus
+	}
 	if socks != nil {
 		cfg.DNS.PacketConn, cfg.DNS.Listener, cfg.HTTP.Listener = socks.DNSPacket, socks.DNSStream, socks.HTTP
 	}

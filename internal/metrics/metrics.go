@@ -77,6 +77,12 @@ func (r *Registry) CounterFunc(layer, name, help string, f func() float64) {
 	r.layer(layer).MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f))
 }
 
+// Collector registers c, a collector that reads its values when scraped,
+// under layer.
+func (r *Registry) Collector(layer string, c prometheus.Collector) {
+	r.layer(layer).MustRegister(c)
+}
+
 // Histogram registers a histogram of layer in seconds with buckets.
 func (r *Registry) Histogram(layer, name, help string, buckets []float64) prometheus.Histogram {
 	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets})
