@@ -195,7 +195,7 @@ type ExportConfig struct {
 	// bundle can then forge them: hand it on only to those who verify).
 	Key        []byte
 	IncludeKey bool
-	Now func() time.Time
+	Now        func() time.Time
 }
 
 // Export writes a bundle (the stream's files from Since on, the policy in
