@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/abox-dev/abox/internal/api"
+	"github.com/abox-dev/abox/internal/audit"
 	"github.com/abox-dev/abox/internal/budget"
 	"github.com/abox-dev/abox/internal/ca"
 	"github.com/abox-dev/abox/internal/contain"
@@ -135,7 +136,12 @@ func or[T int | float64 | time.Duration](v, d T) T {
 }
 
 // builder remembers what was built so it can be undone in reverse.
-type builder struct{ undo []func() }
+type builder struct {
+	undo []func()
+	// audit is the instance's audit stream, nil for none; every decision
+	// stream's writer feeds it.
+	audit *audit.Stream
+}
 
 func (b *builder) onClose(f func()) { b.undo = append(b.undo, f) }
 
@@ -182,7 +188,13 @@ func (b *builder) stream(lc LogConfig, file string) (decisionStream, error) {
 	if out == nil {
 		out = io.Discard
 	}
-	w := decisionlog.New(decisionlog.Config{Sinks: []io.Writer{out, ring}, Kept: []io.Writer{keptOut, refusals}})
+	sinks := []io.Writer{out, ring}
+	if b.audit != nil {
+		// Allowed and refused alike, after the flood budget has folded a
+		// guest's floods: the guest cannot grow it faster than its logs.
+		sinks = append(sinks, b.audit)
+	}
+	w := decisionlog.New(decisionlog.Config{Sinks: sinks, Kept: []io.Writer{keptOut, refusals}})
 	b.onClose(func() { w.Close() }) // flushed before its files close
 	return decisionStream{w: w, ring: ring, refusals: refusals}, nil
 }
@@ -208,6 +220,10 @@ func (b *builder) openStreamFile(lc *LogConfig) error {
 }
 
 func (b *builder) build(cfg Config) (Options, Info, error) {
+	// Opened first, closed last: the decision writers flush into it.
+	if err := b.openAudit(cfg); err != nil {
+		return Options{}, Info{}, err
+	}
 	if err := b.openStreamFile(&cfg.Logs); err != nil {
 		return Options{}, Info{}, err
 	}
@@ -265,12 +281,24 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 		}
 		pcfg.Check = tun.Check
 	}
+	if b.audit != nil {
+		pcfg.OnChange = func(c policy.Change) {
+			if err := b.audit.Append(audit.KindPolicy, c); err != nil {
+				log.Error("audit: recording a policy change", "error", err.Error())
+			}
+		}
+	}
 	pol, err := policy.New(pcfg)
 	if err != nil {
 		return Options{}, info, fmt.Errorf("%w: %w", ErrAllowlist, err)
 	}
 	if cfg.Passive {
 		pol.SetMode(policy.Passive)
+	}
+	if b.audit != nil {
+		if err := b.audit.Append(audit.KindFilters, filtersStarted{Restarts: cfg.Restarts, Mode: string(pol.Mode()), Allowlist: policy.ListHash(pol.List())}); err != nil {
+			return Options{}, info, err
+		}
 	}
 	info.Mode = string(pol.Mode())
 	host, err := netclass.HostAddrs()

@@ -68,6 +68,11 @@ type Config struct {
 	// served over TCP for a scraper (ParseMetricsListen); empty: on the
 	// API socket only. Any other address is refused.
 	MetricsListen string
+	// AuditDir, when set, is the directory of the instance's audit stream
+	// (docs/audit.md): every decision line of both filters, each policy
+	// change and this start go to it. AuditKey is the file of the host's
+	// checkpoint key (audit.LoadKey creates it); required with AuditDir.
+	AuditDir, AuditKey string
 	// MonitorStatus is the runtime monitor's status file
 	// (paths.Instance.MonitorStatus), whose counts a scrape reads; empty:
 	// no monitor metrics.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/abox-dev/abox/internal/audit"
 	"github.com/abox-dev/abox/internal/metrics"
 	"github.com/abox-dev/abox/internal/monitor"
 )
@@ -148,4 +149,32 @@ func serveMetrics(ctx context.Context, ln net.Listener, h http.Handler) error {
 		}
 		return fmt.Errorf("serving metrics: %w", err)
 	}
+}
+
+// filtersStarted is the audit record of a data plane's start.
+type filtersStarted struct {
+	Restarts  int    `json:"restarts"`
+	Mode      string `json:"mode"`
+	Allowlist string `json:"allowlist_sha256"`
+}
+
+// openAudit opens cfg's audit stream, if it has one.
+func (b *builder) openAudit(cfg Config) error {
+	if cfg.AuditDir == "" {
+		return nil
+	}
+	if cfg.AuditKey == "" {
+		return fmt.Errorf("%w: an audit stream needs its key file", ErrConfig)
+	}
+	key, err := audit.LoadKey(cfg.AuditKey)
+	if err != nil {
+		return err
+	}
+	s, err := audit.Open(audit.Config{Dir: cfg.AuditDir, Key: key})
+	if err != nil {
+		return err
+	}
+	b.audit = s
+	b.onClose(func() { s.Close() })
+	return nil
 }

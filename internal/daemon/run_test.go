@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,6 +34,9 @@ type plane struct {
 	// value as each reaches the origin.
 	unblock chan struct{}
 	arrived chan struct{}
+	// stop ends the plane and waits for Run to return (once; also at
+	// cleanup).
+	stop func()
 }
 
 func startPlane(t *testing.T) *plane {
@@ -109,12 +113,16 @@ func startPlaneConfig(t *testing.T, dc DNSConfig, hc HTTPConfig, lc LogConfig, m
 		mod(&cfg)
 	}
 	go func() { done <- Run(ctx, cfg) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	var stopOnce sync.Once
+	p.stop = func() {
+		stopOnce.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(p.stop)
 	select {
 	case p.info = <-ready:
 	case err := <-done:

@@ -6,10 +6,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"syscall"
 
+	"github.com/abox-dev/abox/internal/audit"
 	"github.com/abox-dev/abox/internal/daemon"
 	"github.com/abox-dev/abox/internal/paths"
 )
@@ -46,6 +48,8 @@ func DataPlane(l paths.Layout, st State, socks *daemon.Sockets, diag io.Writer) 
 		},
 		Logs:          daemon.LogConfig{DNSFile: f.DNSLog, HTTPFile: f.HTTPLog, Diag: diag},
 		MetricsListen: st.MetricsListen,
+		AuditDir:      AuditDir(f),
+		AuditKey:      AuditKey(l),
 	}
 	if st.Monitor {
 		cfg.MonitorStatus = f.MonitorStatus
@@ -121,3 +125,12 @@ func boundFilters() {
 		syscall.Setpriority(syscall.PRIO_PROCESS, 0, FiltersNice)
 	}
 }
+
+// AuditKey is the host's audit checkpoint key file: in the data dir,
+// outside every instance directory, so that an instance's export or
+// removal never carries or takes it.
+func AuditKey(l paths.Layout) string { return filepath.Join(l.Root, audit.KeyFile) }
+
+// AuditDir is the directory of an instance's audit stream: a directory of
+// its own (0700) under the logs directory, which QEMU shares.
+func AuditDir(f paths.Instance) string { return filepath.Join(f.LogsDir, "audit") }

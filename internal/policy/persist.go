@@ -63,7 +63,8 @@ func (e *Engine) applyLocked(trigger string, data []byte) error {
 		return fmt.Errorf("applying allowlist %s: %w", trigger, err)
 	}
 	prev := e.status.Load()
-	e.list.Store(l)
+	old := e.list.Swap(l)
+	e.changed(trigger, old, l)
 	st := &ReloadStatus{Path: e.path, Entries: l.Len(), LoadedAt: e.now(), Reloads: prev.Reloads + 1}
 	if werr := e.writeLocked(data); werr != nil {
 		disk, _ := os.ReadFile(e.path)

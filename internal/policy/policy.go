@@ -101,6 +101,10 @@ type Config struct {
 	// written (request rules on a host the proxy tunnels): on load, on
 	// reload and on every edit, so such a list never comes into force.
 	Check func(*allowlist.List) error
+	// OnChange, when set, is called after each change of the list or the
+	// mode in force (the audit stream's policy records), with the
+	// engine's lock held: it must not call back into the engine.
+	OnChange func(Change)
 }
 
 // Engine is the shared, concurrency-safe policy of one instance. Decide is
@@ -110,6 +114,8 @@ type Engine struct {
 	log   *slog.Logger
 	now   func() time.Time
 	check func(*allowlist.List) error // nil: none
+	// onChange is Config.OnChange; nil: none.
+	onChange func(Change)
 
 	// list is never nil after New.
 	list atomic.Pointer[allowlist.List]
@@ -158,6 +164,7 @@ func New(cfg Config) (*Engine, error) {
 		log:       cfg.Logger,
 		now:       cfg.Now,
 		check:     cfg.Check,
+		onChange:  cfg.OnChange,
 		profile:   NewProfile(cfg.ProfileLimit),
 		learned:   NewLearnRecord(cfg.LearnLimits),
 		writeFile: fsutil.WriteFileAtomic,
@@ -234,8 +241,11 @@ func (e *Engine) SetMode(m Mode) {
 	if m == Learn && e.Mode() != Learn {
 		e.learned.start(e.now())
 	}
-	e.mode.Store(&m)
+	old := e.mode.Swap(&m)
 	e.log.Info("filter mode set", "mode", string(m))
+	if e.onChange != nil && *old != m {
+		e.onChange(Change{Kind: "mode", Trigger: "mode", Old: string(*old), New: string(m)})
+	}
 }
 
 // Decide applies the policy to a host name: healthcheck first, then the
@@ -331,7 +341,8 @@ func (e *Engine) reloadLocked(trigger string) error {
 		e.log.Error("allowlist reload rejected; previous list stays in force", "trigger", trigger, "path", e.path, "error", err.Error())
 		return err
 	}
-	e.list.Store(l)
+	old := e.list.Swap(l)
+	e.changed(trigger, old, l)
 	e.status.Store(&ReloadStatus{Path: e.path, Entries: l.Len(), LoadedAt: e.now(), Reloads: prev.Reloads + 1})
 	e.log.Info("allowlist reloaded", "trigger", trigger, "path", e.path, "entries", l.Len())
 	return nil
