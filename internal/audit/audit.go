@@ -49,6 +49,7 @@ const (
 	KindPolicy     = "policy"
 	KindMode       = "mode"
 	KindFilters    = "filters_started"
+	KindExport     = "audit_export"
 )
 
 // Record is one line of the stream. Its encoding is json.Marshal's, whose
@@ -86,11 +87,10 @@ func lineHash(line []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
-// LoadKey reads the checkpoint key from path, creating it (32 random
-// bytes, mode 0600, atomically) when it does not exist. A key file that is
-// not 32 bytes or is readable by others is refused.
+// LoadKey reads the checkpoint key from path (ReadKey), creating it (32
+// random bytes, mode 0600) when it does not exist.
 func LoadKey(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
+	_, err := os.Stat(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		key := make([]byte, 32)
 		if _, err := rand.Read(key); err != nil {
@@ -99,9 +99,18 @@ func LoadKey(path string) ([]byte, error) {
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			return nil, fmt.Errorf("audit key: %w", err)
 		}
-		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, key, 0o600); err != nil {
+		tf, err := os.CreateTemp(filepath.Dir(path), ".audit-key-*") // mode 0600
+		if err != nil {
 			return nil, fmt.Errorf("audit key: %w", err)
+		}
+		tmp := tf.Name()
+		_, werr := tf.Write(key)
+		if cerr := tf.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			os.Remove(tmp)
+			return nil, fmt.Errorf("audit key: %w", werr)
 		}
 		// Link, not rename: two processes creating it at once keep one key.
 		if err := os.Link(tmp, path); err != nil && !errors.Is(err, fs.ErrExist) {
@@ -109,8 +118,18 @@ func LoadKey(path string) ([]byte, error) {
 			return nil, fmt.Errorf("audit key: %w", err)
 		}
 		os.Remove(tmp)
-		return LoadKey(path)
+		return ReadKey(path)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("audit key: %w", err)
+	}
+	return ReadKey(path)
+}
+
+// ReadKey reads the checkpoint key from path, which must exist, be 32 bytes
+// and be readable by its owner only.
+func ReadKey(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("audit key: %w", err)
 	}

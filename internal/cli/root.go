@@ -154,6 +154,7 @@ instance.`,
 		newSnapshotCmd(e),
 		newSecretCmd(e),
 		newMetricsCmd(e),
+		newAuditCmd(e),
 	)
 	groupCommands(e, root)
 	return root
