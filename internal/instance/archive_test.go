@@ -118,6 +118,7 @@ func fullSpec(t *testing.T) Spec {
 		NoMITM:         true,
 		MITMExceptions: []string{"pinned.example.com"},
 		Ports:          []uint16{80, 443, 8443},
+		MetricsListen:  "127.0.0.1:9153",
 		Template: write("domain.xml", `<domain type='{{.DomainType}}'><name>{{.DomainName}}</name><uuid>{{.UUID}}</uuid><memory unit='MiB'>{{.MemoryMiB}}</memory><vcpu>{{.CPUs}}</vcpu><os><type arch='x86_64'>hvm</type></os>
 <devices><disk type='file' device='disk'><source file='{{.DiskPath}}'/><target dev='vda' bus='virtio'/></disk>
 <interface type='network'><mac address='{{.MAC}}'/><source network='{{.NetworkName}}'/><filterref filter='{{.FilterName}}'/></interface></devices></domain>`),
@@ -208,6 +209,9 @@ func TestExportImportKeepsEverySetting(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(filepath.Dir(out)); len(ents) != 1 {
 		t.Errorf("export left %v next to the archive", ents)
+	}
+	if got := auditKinds(t, r.m); len(got) == 0 || got[0] != AuditExport {
+		t.Errorf("audit records after the export %v, want the export", got)
 	}
 
 	// The credentials file is a path on the exporting host: the import

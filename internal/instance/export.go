@@ -147,6 +147,7 @@ func (m *Manager) Export(ctx context.Context, name, dest string) (res ExportResu
 		return res, err
 	}
 	res.Path, res.Size, res.Duration = dest, fi.Size(), time.Since(began)
+	m.recordAudit(name, AuditExport, map[string]any{"path": dest, "size": res.Size})
 	return res, nil
 }
 

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/abox-dev/abox/internal/audit"
 	"github.com/abox-dev/abox/internal/daemon"
 	"github.com/abox-dev/abox/internal/paths"
 )
@@ -129,7 +128,7 @@ func boundFilters() {
 // AuditKey is the host's audit checkpoint key file: in the data dir,
 // outside every instance directory, so that an instance's export or
 // removal never carries or takes it.
-func AuditKey(l paths.Layout) string { return filepath.Join(l.Root, audit.KeyFile) }
+func AuditKey(l paths.Layout) string { return auditKeyIn(l.Root) }
 
 // AuditDir is the directory of an instance's audit stream: a directory of
 // its own (0700) under the logs directory, which QEMU shares.

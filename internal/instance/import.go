@@ -79,6 +79,7 @@ func (m *Manager) Import(ctx context.Context, file string, o ImportOptions) (st 
 	if _, err := m.runSteps(ctx, "importing "+file, im.steps()); err != nil {
 		return State{}, nil, err
 	}
+	m.recordAudit(im.st.Name, AuditImport, map[string]any{"archive": file})
 	return im.st, im.warnings, nil
 }
 

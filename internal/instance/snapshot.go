@@ -199,6 +199,9 @@ func (m *Manager) RevertSnapshot(ctx context.Context, name, snap string) (Revert
 	if se := (*steps.Error)(nil); errors.As(err, &se) && slices.Contains(se.Undone, stepReplaceGuest) {
 		err = fmt.Errorf("%w (the guest was powered off)", err)
 	}
+	if err == nil {
+		m.recordAudit(name, AuditRevert, map[string]any{"snapshot": snap, "created": target.Created, "memory": target.Memory()})
+	}
 	return res, err
 }
 
