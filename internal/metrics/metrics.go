@@ -181,9 +181,12 @@ func (d *Decisions) Inc(verdict, reason string) {
 	}
 	vp, rp := unsafe.StringData(verdict), unsafe.StringData(reason)
 	i := (uintptr(unsafe.Pointer(rp))>>3 ^ uintptr(len(reason)) ^ uintptr(unsafe.Pointer(vp))>>4) % hotSlots
-	if h := d.hot[i].Load(); h != nil && h.reason == rp && h.verdict == vp && h.rlen == len(reason) && h.vlen == len(verdict) {
-		h.c.Inc()
-		return
+	j := (i + 1) % hotSlots
+	for _, k := range [2]uintptr{i, j} {
+		if h := d.hot[k].Load(); h != nil && h.reason == rp && h.verdict == vp && h.rlen == len(reason) && h.vlen == len(verdict) {
+			h.c.Inc()
+			return
+		}
 	}
 	t := d.table.Load()
 	c, ok := t.byVerdict(verdict)[reason]
@@ -191,8 +194,14 @@ func (d *Decisions) Inc(verdict, reason string) {
 		c = d.child(verdict, reason)
 	}
 	c.Inc()
-	if rp != nil && vp != nil {
-		d.hot[i].Store(&hotSlot{verdict: vp, reason: rp, vlen: len(verdict), rlen: len(reason), c: c})
+	// A slot is taken once and kept: two strings that share slots never
+	// evict each other (the second is counted through the table, without
+	// allocating), and the slots hold at most hotSlots strings alive.
+	if rp != nil && vp != nil && isReasonCode(reason) && (d.hot[i].Load() == nil || d.hot[j].Load() == nil) {
+		h := &hotSlot{verdict: vp, reason: rp, vlen: len(verdict), rlen: len(reason), c: c}
+		if !d.hot[i].CompareAndSwap(nil, h) {
+			d.hot[j].CompareAndSwap(nil, h)
+		}
 	}
 }
 

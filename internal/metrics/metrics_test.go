@@ -79,6 +79,20 @@ func TestDecisionsIncAllocatesNothing(t *testing.T) {
 	if n := testing.AllocsPerRun(1000, func() { d.Inc("allow", "allowlisted") }); n != 0 {
 		t.Errorf("Inc allocates %v times per call", n)
 	}
+	// More reasons than cache slots, used in turn: those without a slot
+	// go through the table, still without allocating.
+	reasons := make([]string, hotSlots+8)
+	for i := range reasons {
+		reasons[i] = fmt.Sprintf("code_%d", i)
+		d.Inc("block", reasons[i])
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		for _, r := range reasons {
+			d.Inc("block", r)
+		}
+	}); n != 0 {
+		t.Errorf("Inc over %d reasons in turn allocates %v times per round", len(reasons), n)
+	}
 }
 
 func BenchmarkDecisionsInc(b *testing.B) {
