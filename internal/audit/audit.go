@@ -389,10 +389,39 @@ func (s *Stream) sync() error {
 	if last != nil {
 		var r Record
 		if err := json.Unmarshal(last, &r); err != nil {
-			return fmt.Errorf("audit stream: the last line of %s does not parse (%v): run abox audit verify", path, err)
+			return s.pastTorn(f, fi.Size(), last)
 		}
 		s.seq, s.hash = r.Seq, lineHash(last)
 	}
+	return nil
+}
+
+// pastTorn continues the chain after a last line that does not parse (a
+// write cut short by a crash, or an edit): the line is ended if it must
+// be, counts as the line after the last one that parses, and the chain
+// goes on from its hash, as Verify reads it; Verify still reports it.
+func (s *Stream) pastTorn(f *os.File, size int64, torn []byte) error {
+	b := make([]byte, size)
+	if _, err := f.ReadAt(b, 0); err != nil && err != io.EOF {
+		return fmt.Errorf("audit stream: reading %s: %w", f.Name(), err)
+	}
+	if b[len(b)-1] != '\n' {
+		n, err := f.Write([]byte{'\n'})
+		s.size += int64(n)
+		if err != nil {
+			return fmt.Errorf("audit stream: ending the torn last line of %s: %w", f.Name(), err)
+		}
+	}
+	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
+	seq := uint64(0)
+	for i := len(lines) - 2; i >= 0; i-- {
+		var r Record
+		if json.Unmarshal(lines[i], &r) == nil {
+			seq = r.Seq + uint64(len(lines)-2-i)
+			break
+		}
+	}
+	s.seq, s.hash = seq+1, lineHash(torn)
 	return nil
 }
 

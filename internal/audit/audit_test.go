@@ -281,3 +281,19 @@ func TestLoadKey(t *testing.T) {
 		t.Errorf("a key readable by others: %v", err)
 	}
 }
+
+// A last line cut short (a crash mid-write) does not stop the stream: the
+// next writer goes on after it, and Verify names that line only.
+func TestTornLastLine(t *testing.T) {
+	dir := t.TempDir()
+	writeStream(t, dir, 5, 0)
+	path := filepath.Join(dir, FileName)
+	b, _ := os.ReadFile(path)
+	torn := len(readLines(t, path))
+	os.WriteFile(path, append(b, []byte(`{"seq":99,"prev":"ab`)...), 0o600)
+	writeStream(t, dir, 2, 0)
+	rep := mustVerify(t, dir)
+	if len(rep.Problems) != 1 || rep.Problems[0].Line != torn+1 {
+		t.Errorf("problems %v, want one, at the torn line %s:%d", rep.Problems, FileName, torn+1)
+	}
+}
