@@ -16,6 +16,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/abox-dev/abox/internal/api"
 	"github.com/abox-dev/abox/internal/paths"
 	"github.com/abox-dev/abox/internal/testutil/fakedns"
 	"github.com/abox-dev/abox/internal/testutil/need"
@@ -174,6 +175,11 @@ func TestSupervisorHoldsSocketsAcrossRestarts(t *testing.T) {
 	r, _, err := c.Exchange(new(dns.Msg).SetQuestion("allowed.example.com.", dns.TypeA), dnsAddr)
 	if err != nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
 		t.Fatalf("query through the restarted filter: %v, %v", r, err)
+	}
+	// The supervisor told the new process it is a restart.
+	text, err := api.NewClient(l.APISocket(st.Name)).Metrics(ctx)
+	if want := `abox_filter_restarts_total{instance="sv",layer="daemon"} 1` + "\n"; err != nil || !strings.Contains(string(text), want) {
+		t.Errorf("metrics after one restart: %v, want %q in:\n%s", err, want, text)
 	}
 
 	// A filter process dies with its supervisor.
