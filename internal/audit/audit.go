@@ -183,6 +183,8 @@ type Stream struct {
 	sinceMark int
 	lastMark  time.Time
 	closed    bool
+	// buf is the batch being encoded, reused; guarded by mu.
+	buf bytes.Buffer
 }
 
 // Open opens the stream in cfg.Dir (created 0700 if missing).
@@ -235,7 +237,7 @@ func (s *Stream) Write(p []byte) (int, error) {
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
-		if !json.Valid(line) {
+		if !looksLikeObject(line) {
 			// Kept as evidence, as a string.
 			line, _ = json.Marshal(string(line))
 		}
@@ -248,6 +250,13 @@ func (s *Stream) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	return len(p), nil
+}
+
+// looksLikeObject is the cheap check of a decision line before it is
+// embedded as is: one JSON object on one line, as the decision log's
+// encoder and slog write them. Anything else is embedded as a string.
+func looksLikeObject(line []byte) bool {
+	return len(line) >= 2 && line[0] == '{' && line[len(line)-1] == '}' && bytes.IndexByte(line, '\n') < 0
 }
 
 // Close writes a checkpoint and closes the stream.
@@ -300,13 +309,14 @@ func (s *Stream) locked(fill func(*bytes.Buffer) error) error {
 	if err := s.sync(); err != nil {
 		return err
 	}
-	var buf bytes.Buffer
+	buf := &s.buf
+	buf.Reset()
 	if s.size >= s.cfg.MaxBytes {
 		if err := s.rotate(); err != nil {
 			return err
 		}
 	}
-	if err := fill(&buf); err != nil {
+	if err := fill(buf); err != nil {
 		return err
 	}
 	if buf.Len() == 0 {
@@ -322,13 +332,36 @@ func (s *Stream) locked(fill func(*bytes.Buffer) error) error {
 	return nil
 }
 
-// add encodes r as the next line into buf.
+// add encodes r as the next line into buf, by hand: the same JSON as
+// json.Marshal of a Record (Verify decodes it so), without reflection or
+// re-validating Data, which is a whole JSON value by construction.
 func (s *Stream) add(buf *bytes.Buffer, r Record) {
 	r.Seq, r.Prev = s.seq+1, s.hash
-	line, _ := json.Marshal(r) // a Record always encodes
-	buf.Write(line)
-	buf.WriteByte('\n')
+	start := buf.Len()
+	b := buf.AvailableBuffer()
+	b = append(b, `{"seq":`...)
+	b = strconv.AppendUint(b, r.Seq, 10)
+	b = append(b, `,"prev":"`...)
+	b = append(b, r.Prev...)
+	b = append(b, `","time":"`...)
+	b = r.Time.AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","kind":"`...)
+	b = append(b, r.Kind...) // one of the Kind constants: nothing to escape
+	b = append(b, '"')
+	if len(r.Data) > 0 {
+		b = append(b, `,"data":`...)
+		b = append(b, r.Data...)
+	}
+	if r.MAC != "" {
+		b = append(b, `,"mac":"`...)
+		b = append(b, r.MAC...)
+		b = append(b, '"')
+	}
+	b = append(b, '}')
+	buf.Write(b)
+	line := buf.Bytes()[start:]
 	s.seq, s.hash = r.Seq, lineHash(line)
+	buf.WriteByte('\n')
 	if r.Kind == KindCheckpoint {
 		s.sinceMark, s.lastMark = 0, r.Time
 	} else {
