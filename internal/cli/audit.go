@@ -116,7 +116,7 @@ bundle's own if it was exported --with-key.`,
 	}
 	cmd.Flags().StringVar(&bundle, "bundle", "", "verify the bundle in `DIR` instead of an instance's stream")
 	cmd.Flags().StringVar(&keyFile, "key", "", "checkpoint key `FILE` (default: this host's, or the bundle's own)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	jsonFlag(cmd.Flags(), &asJSON, "")
 	return cmd
 }
 

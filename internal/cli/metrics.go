@@ -39,7 +39,7 @@ daemon's loopback listener when the instance has one (create --metrics-listen).`
 			return writeJSON(e.stdout, fams)
 		}),
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	jsonFlag(cmd.Flags(), &asJSON, "")
 	return cmd
 }
 

@@ -162,12 +162,15 @@ func TestMetricsListener(t *testing.T) {
 func TestMetricsListenerRefusesNonLoopback(t *testing.T) {
 	for _, addr := range []string{"0.0.0.0:9153", "[::]:9153", "192.0.2.1:9153", "localhost:9153", "127.0.0.1"} {
 		t.Run(addr, func(t *testing.T) {
+			dir := t.TempDir()
 			// Cancelled: a Run that got past the check returns at once
 			// instead of serving.
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
 			err := Run(ctx, Config{
-				Instance: "t", AllowlistPath: "/nonexistent", APISocket: "/nonexistent.sock",
+				// Paths in a directory of the test's: a Run that got
+				// past the check would write nothing outside it.
+				Instance: "t", AllowlistPath: filepath.Join(dir, "allow.txt"), APISocket: filepath.Join(dir, "api.sock"),
 				DNS: &DNSConfig{Listen: "127.0.0.1:0"}, MetricsListen: addr,
 			})
 			if !errors.Is(err, ErrConfig) {

@@ -219,7 +219,7 @@ func (c *creation) checkSpec(ctx context.Context) (err error) {
 	}
 	if spec.MetricsListen != "" {
 		if _, err := daemon.ParseMetricsListen(spec.MetricsListen); err != nil {
-			return State{}, nil, fmt.Errorf("creating %s: %w", spec.Name, err)
+			return err
 		}
 	}
 	if spec.UpstreamProxy != "" {
