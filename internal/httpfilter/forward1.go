@@ -18,6 +18,7 @@ import (
 	"github.com/abox-dev/abox/internal/egress"
 	"github.com/abox-dev/abox/internal/httpfilter/connio"
 	"github.com/abox-dev/abox/internal/httpfilter/h1"
+	"github.com/abox-dev/abox/internal/httpfilter/h1client"
 )
 
 // errStaleWrite and errStaleRead are exchanges that failed on a reused
@@ -66,16 +67,17 @@ func (p *Proxy) forward(ctx context.Context, w *countingWriter, r *http.Request,
 	}
 	useTLS := st.scheme == "https"
 	for attempt := 0; ; attempt++ {
-		var u *upConn
+		var u *h1client.Conn
 		var cc *http2.ClientConn
+		var k upstreamKey
 		reused := false
 		if attempt == 0 {
-			u, cc = p.pool.get(st.checked, useTLS)
+			u, cc, k = p.pooled(st.checked, useTLS)
 			reused = u != nil
 		}
 		if u == nil && cc == nil {
 			var err error
-			u, cc, err = p.dialUpstreamConn(ctx, st)
+			u, cc, k, err = p.dialUpstreamConn(ctx, st)
 			if err != nil {
 				p.failUpstream(ctx, w, st.rec, err)
 				return false
@@ -86,7 +88,7 @@ func (p *Proxy) forward(ctx context.Context, w *countingWriter, r *http.Request,
 		if cc != nil {
 			abort, err = p.exchangeH2(ctx, w, r, st, cc)
 		} else {
-			abort, err = p.exchange(ctx, w, r, st, u)
+			abort, err = p.exchange(ctx, w, r, st, u, k)
 		}
 		if reused && retryable(err, r) {
 			continue
@@ -111,41 +113,42 @@ func (p *Proxy) reverseProxy(ctx context.Context, w *countingWriter, r *http.Req
 	return false
 }
 
-// exchange writes r on u and copies the response to w. An error is
-// returned only while nothing was answered to the guest (the caller
-// answers 502/504); abort means the answer broke after its header.
 // errUploadPanic ends an exchange whose body writer panicked.
 var errUploadPanic = errors.New("writing the request body upstream: panic (see the daemon log)")
 
-func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request, st *fwdState, u *upConn) (abort bool, err error) {
+// exchange writes r on u and copies the response to w; a clean end puts u
+// back in the pool under k. An error is returned only while nothing was
+// answered to the guest (the caller answers 502/504); abort means the
+// answer broke after its header.
+func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request, st *fwdState, u *h1client.Conn, k upstreamKey) (abort bool, err error) {
 	// The guest going away (or a revocation closing its connection) ends
 	// the exchange at once, whatever the origin is doing: through the
 	// watch of the guest's HTTP/1 connection, else a watch of its own.
 	var stop func() bool
 	xw := h1.WatchOf(w.ResponseWriter)
 	if xw == nil {
-		stop = context.AfterFunc(ctx, u.closeF)
-	} else if !xw.Begin(&u.closeF) {
-		u.close()
+		stop = context.AfterFunc(ctx, u.CloseF)
+	} else if !xw.Begin(&u.CloseF) {
+		u.Close()
 		return false, ctx.Err()
 	}
 	reuse := false
 	defer func() {
 		var untouched bool
 		if xw != nil {
-			untouched = xw.End(&u.closeF)
+			untouched = xw.End(&u.CloseF)
 		} else {
 			untouched = stop()
 		}
 		if untouched && reuse {
-			p.pool.put(u)
+			p.pool.Put(k, st.checked.Target, u)
 		} else {
-			u.close()
+			u.Close()
 		}
 	}()
 
 	out := p.outbound(r, st)
-	u.lim.read = 0
+	u.ResetRead()
 	// The response header timeout runs from the end of the request, body
 	// included, as http.Transport's does: an upload may take longer.
 	var up *upload
@@ -166,40 +169,40 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 						cb.broken.Store(true)
 					}
 					out.Body.Close()
-					u.close()
+					u.Close()
 					up.done <- errUploadPanic
 				}
 			}()
-			err := out.Write(u.bw)
+			err := out.Write(u.BW)
 			if err == nil {
-				err = u.bw.Flush()
+				err = u.BW.Flush()
 			}
 			if err == nil {
 				up.mu.Lock()
 				if !up.hdrDone {
-					u.hdr.Begin()
+					u.Hdr.Begin()
 				}
 				up.mu.Unlock()
 			} else if cb, ok := guestBody(out.Body); ok && cb.broken.Load() {
 				// The guest's body broke: the request can never be
 				// complete, so the origin's answer is not waited for.
-				u.close()
+				u.Close()
 			}
 			up.done <- err
 		}()
 	} else {
-		err := h1.WriteRequest(u.bw, out)
+		err := h1.WriteRequest(u.BW, out)
 		if err == nil {
-			err = u.bw.Flush()
+			err = u.BW.Flush()
 		}
 		if err != nil {
 			return false, errStaleWrite
 		}
-		u.hdr.Begin()
+		u.Hdr.Begin()
 	}
 
-	u.lim.limited, u.lim.n = true, upMaxResponseHeader
-	resp, err := http.ReadResponse(u.br, out)
+	u.LimitHeader()
+	resp, err := http.ReadResponse(u.BR, out)
 	for err == nil && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
 		// Informational answers (100 Continue, 103 Early Hints): the
 		// guest's own server answers 100-continue; others are passed on.
@@ -211,16 +214,16 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 			w.ResponseWriter.WriteHeader(resp.StatusCode)
 			clear(h)
 		}
-		resp, err = http.ReadResponse(u.br, out)
+		resp, err = http.ReadResponse(u.BR, out)
 	}
-	u.lim.limited = false
+	u.EndHeader()
 	if up != nil {
 		up.mu.Lock()
 		up.hdrDone = true
-		u.hdr.End()
+		u.Hdr.End()
 		up.mu.Unlock()
 	} else {
-		u.hdr.End()
+		u.Hdr.End()
 	}
 	if cb, ok := guestBody(out.Body); ok && cb.broken.Load() {
 		// The guest cut its body: the upload closed this connection, and
@@ -233,10 +236,10 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
-		if u.hdr.Expired() {
+		if u.Hdr.Expired() {
 			return false, errResponseHeaderTimeout
 		}
-		if u.lim.read == 0 && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err)) {
+		if u.BytesRead() == 0 && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err)) {
 			return false, errStaleRead
 		}
 		return false, err
@@ -247,9 +250,9 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 
 	relayHeader(w, resp)
 	var rerr, werr error
-	if !u.key.tls && resp.ContentLength >= connio.BulkMin && out.Method != http.MethodHead {
+	if !u.TLS() && resp.ContentLength >= connio.BulkMin && out.Method != http.MethodHead {
 		rerr, werr = relayRawBody(w, u, resp.ContentLength)
-	} else if u.rb != nil && resp.ContentLength >= connio.BulkMin {
+	} else if u.TLS() && resp.ContentLength >= connio.BulkMin {
 		rerr, werr = relayBulk(w, resp, u)
 	} else {
 		rerr, werr = relayBody(w, resp)
@@ -308,15 +311,15 @@ func (p *Proxy) exchangeH2(ctx context.Context, w *countingWriter, r *http.Reque
 // connection, as http.Transport would send it.
 func (p *Proxy) roundTripH2(ctx context.Context, out *http.Request, st *fwdState, cc *http2.ClientConn) (*http.Response, error) {
 	resp, err := cc.RoundTrip(out)
-	if err == nil || h2Usable(cc) || ctx.Err() != nil || out.Body != nil {
+	if err == nil || h1client.H2Usable(cc) || ctx.Err() != nil || out.Body != nil {
 		return resp, err
 	}
-	u, cc2, derr := p.dialUpstreamConn(ctx, st)
+	u, cc2, _, derr := p.dialUpstreamConn(ctx, st)
 	if derr != nil {
 		return nil, err
 	}
 	if cc2 == nil {
-		u.close() // the origin stopped offering HTTP/2; the guest may retry
+		u.Close() // the origin stopped offering HTTP/2; the guest may retry
 		return nil, err
 	}
 	return cc2.RoundTrip(out)
@@ -358,10 +361,10 @@ func relayBody(w *countingWriter, resp *http.Response) (rerr, werr error) {
 // already arrived, up to a bulk buffer's size (connio), so the guest's own TLS layer
 // writes them at once. It never waits for the network while it holds
 // bytes not yet written.
-func relayBulk(w *countingWriter, resp *http.Response, u *upConn) (rerr, werr error) {
+func relayBulk(w *countingWriter, resp *http.Response, u *h1client.Conn) (rerr, werr error) {
 	buf, release := connio.BulkOrCopyBuf()
 	defer release()
-	more := func() bool { return u.br.Buffered() > 0 || u.rb.RecordReady() }
+	more := func() bool { return u.BR.Buffered() > 0 || u.RB.RecordReady() }
 	return copyBody(w, resp.Body, buf, false, more)
 }
 
@@ -378,16 +381,16 @@ func relayTrailers(w *countingWriter, resp *http.Response) {
 // guest's, in large pieces when the guest's connection takes a connio.RawBody
 // (connio.H1Guard.ReadFrom). The response's own body reader is bypassed; the
 // connection ends exactly after the body.
-func relayRawBody(w *countingWriter, u *upConn, n int64) (rerr, werr error) {
-	if k := min(int64(u.br.Buffered()), n); k > 0 {
-		b, _ := u.br.Peek(int(k))
+func relayRawBody(w *countingWriter, u *h1client.Conn, n int64) (rerr, werr error) {
+	if k := min(int64(u.BR.Buffered()), n); k > 0 {
+		b, _ := u.BR.Peek(int(k))
 		if _, err := w.Write(b); err != nil {
 			return nil, err
 		}
-		u.br.Discard(int(k))
+		u.BR.Discard(int(k))
 		n -= k
 	}
-	rb := connio.NewRawBody(u.raw, n)
+	rb := connio.NewRawBody(u.Raw, n)
 	_, err := w.ReadFrom(rb)
 	if err == nil && rb.Remaining() > 0 {
 		err = io.ErrUnexpectedEOF

@@ -365,7 +365,7 @@ func (fp *fuzzProxy) collect(t *testing.T, b []byte) (dials []netip.AddrPort, re
 	// Every upstream exchange of this connection is over once the pool's
 	// idle connections are closed and every origin has seen its end: only
 	// then is what the origins read this connection's doing alone.
-	fp.p.pool.closeIdle()
+	fp.p.pool.CloseIdle()
 	quiet := make(chan struct{})
 	go func() {
 		fp.origins.open.Wait()
@@ -530,7 +530,7 @@ func TestFuzzProxyReachesOrigins(t *testing.T) {
 		c := newFuzzConn([]byte(s))
 		fp.ln.ch <- c
 		<-c.closed
-		fp.p.pool.closeIdle()
+		fp.p.pool.CloseIdle()
 		fp.origins.open.Wait()
 		_, reqs := fp.origins.take()
 		if len(reqs) != want[i] {

@@ -16,7 +16,7 @@ func TestH2PoolIsBounded(t *testing.T) {
 	so := newHTTPSOrigin(t, originMux())
 	pt := port(t, so)
 	h.p.ports[uint16(mustAtoi(pt))] = true
-	h.p.pool.maxH2 = 4
+	h.p.pool.SetMaxH2(4)
 	c := h.client(false)
 	const names = 10
 	for i := range names {
@@ -32,16 +32,7 @@ func TestH2PoolIsBounded(t *testing.T) {
 			t.Fatalf("%s: status %d", name, resp.StatusCode)
 		}
 	}
-	h.p.pool.mu.Lock()
-	n, total := h.p.pool.nh2, 0
-	for _, hs := range h.p.pool.h2 {
-		total += len(hs)
-	}
-	h.p.pool.mu.Unlock()
-	if n != total {
-		t.Fatalf("the pool counts %d HTTP/2 connections and holds %d", n, total)
-	}
-	if total > 4 {
+	if _, total := h.p.pool.Held(); total > 4 {
 		t.Fatalf("the pool holds %d HTTP/2 connections after %d names, want at most 4", total, names)
 	}
 	if ev := h.p.Stats().(Stats).UpstreamH2Evicted; ev != names-4 {

@@ -13,21 +13,23 @@ import (
 const module = "github.com/abox-dev/abox/"
 
 // engineDeps are the only packages of this module the HTTP/1 engine
-// (h1) and the connection plumbing (connio) may reach, directly or through
-// one another: each other (h1 over connio, never the reverse) and the panic
-// reporter. Neither may reach a policy package (allowlist, policy, reqrules,
-// secrets, gitpush, decisionlog, egress, netclass, explain, resolver, ...)
-// or httpfilter itself: what they do with a request's bytes is the same
+// (h1 the server side, h1client the client side and its pool) and the
+// connection plumbing (connio) may reach, directly or through one another:
+// each other (h1client over h1 over connio, never the reverse) and the
+// panic reporter. None may reach a policy package (allowlist, policy,
+// reqrules, secrets, gitpush, decisionlog, egress, netclass, explain,
+// resolver, ...) or httpfilter itself: what they do with a request's bytes is the same
 // whatever the policy says, so a reviewer reads what reaches the internet
 // in httpfilter alone. A package added here must know no policy either.
 var engineDeps = map[string][]string{
-	"internal/httpfilter/connio": {"internal/contain"},
-	"internal/httpfilter/h1":     {"internal/contain", "internal/httpfilter/connio"},
+	"internal/httpfilter/connio":   {"internal/contain"},
+	"internal/httpfilter/h1":       {"internal/contain", "internal/httpfilter/connio"},
+	"internal/httpfilter/h1client": {"internal/contain", "internal/httpfilter/connio", "internal/httpfilter/h1"},
 }
 
-// TestEngineKnowsNoPolicy walks the module's imports from h1 and connio
-// (build-tagged files and all, tests left out) and fails on any package of
-// the module outside engineDeps.
+// TestEngineKnowsNoPolicy walks the module's imports from h1, h1client and
+// connio (build-tagged files and all, tests left out) and fails on any
+// package of the module outside engineDeps.
 func TestEngineKnowsNoPolicy(t *testing.T) {
 	for pkg, allowed := range engineDeps {
 		for dep, via := range moduleImports(t, pkg) {

@@ -261,7 +261,7 @@ func TestH2ConnectionLostIsRetried(t *testing.T) {
 		t.Fatalf("decision %+v", d)
 	}
 	st := &fwdState{checked: d.checked, scheme: "https", defaultPort: 443, rec: &record{}}
-	_, cc, err := h.p.dialUpstreamConn(context.Background(), st)
+	_, cc, _, err := h.p.dialUpstreamConn(context.Background(), st)
 	if err != nil || cc == nil {
 		t.Fatalf("dial: %v, h2 %v", err, cc != nil)
 	}

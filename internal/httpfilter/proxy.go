@@ -368,7 +368,7 @@ func (p *Proxy) shutdown(ln net.Listener) {
 		c.Close()
 	}
 	p.transport.CloseIdleConnections()
-	p.pool.closeIdle()
+	p.pool.CloseIdle()
 	p.keylog.set(false)
 }
 
@@ -425,12 +425,6 @@ type upstreamRT struct{ p *Proxy }
 
 func (t upstreamRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	return t.p.transport.RoundTrip(r)
-}
-
-// h2Usable: CanTakeNewRequest also says yes for a connection closed before
-// its first request (so that its error is reported).
-func h2Usable(cc *http2.ClientConn) bool {
-	return cc.CanTakeNewRequest() && !cc.State().Closed
 }
 
 // SetKeyLog switches the TLS key log of intercepted client sessions on or
@@ -538,7 +532,7 @@ func (p *Proxy) Stats() any {
 		Healthchecks:      p.stats.healthchecks.Load(),
 		UpstreamErrors:    p.stats.upstreamErrors.Load(),
 		UpstreamDials:     p.stats.upstreamDials.Load(),
-		UpstreamH2Evicted: p.pool.h2Evicted.Load(),
+		UpstreamH2Evicted: p.pool.H2Evicted(),
 		Tunnels:           p.stats.tunnels.Load(),
 		Intercepted:       p.stats.intercepted.Load(),
 		TunnelsOpen:       p.stats.tunnelsOpen.Load(),

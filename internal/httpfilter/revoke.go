@@ -163,13 +163,13 @@ func (p *Proxy) watchPolicy(ctx context.Context, list *allowlist.List, mode poli
 			if tick%poolSweepTicks == 0 {
 				// Idle timeouts, and connections put back by a request
 				// decided just before a change.
-				p.pool.sweep(p.stillAllowed)
+				p.pool.Sweep(p.stillAllowed)
 			}
 			continue
 		}
 		list, mode = l, m
 		p.revokeStale()
-		p.pool.sweep(p.stillAllowed)
+		p.pool.Sweep(p.stillAllowed)
 		p.stats.policyChanges.Add(1)
 	}
 }
