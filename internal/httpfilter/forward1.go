@@ -3,14 +3,11 @@ package httpfilter
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/textproto"
-	"os"
 	"strings"
-	"sync"
-	"syscall"
+	"sync/atomic"
 
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
@@ -21,40 +18,9 @@ import (
 	"github.com/abox-dev/abox/internal/httpfilter/h1client"
 )
 
-// errStaleWrite and errStaleRead are exchanges that failed on a reused
-// connection before the origin sent a byte: it closed the connection while
-// idle. A request without a body is sent again on a new one when writing it
-// failed, or when it is idempotent (as http.Transport does): otherwise the
-// origin may have acted on it.
-var (
-	errStaleWrite = errors.New("writing to upstream: connection closed")
-	errStaleRead  = errors.New("reading upstream response: connection closed before any byte")
-	// errGuestBodyCut: the guest's request body broke (cut, bad chunking)
-	// before the origin's answer was read.
-	errGuestBodyCut = errors.New("the guest's request body was cut before the origin answered")
-	// errResponseHeaderTimeout: no response header within
-	// ResponseHeaderTimeout of the request's end (a timeout: 504).
-	errResponseHeaderTimeout = fmt.Errorf("reading upstream response header: %w", os.ErrDeadlineExceeded)
-)
-
-func retryable(err error, r *http.Request) bool {
-	if r.Body != nil && r.Body != http.NoBody {
-		return false
-	}
-	if errors.Is(err, errStaleWrite) {
-		return true
-	}
-	if !errors.Is(err, errStaleRead) {
-		return false
-	}
-	switch r.Method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions:
-		return true
-	}
-	_, a := r.Header["Idempotency-Key"]
-	_, b := r.Header["X-Idempotency-Key"]
-	return a || b
-}
+// errGuestBodyCut is the engine's error for a body the guest cut before
+// the origin answered (classifyUpstreamErr answers it 400 body_cut).
+var errGuestBodyCut = h1client.ErrBodyCut
 
 // forward sends r to the checked target of st and streams the answer to w:
 // HTTP/1.1 over the proxy's own pooled connections, HTTP/2 over a shared
@@ -90,7 +56,7 @@ func (p *Proxy) forward(ctx context.Context, w *countingWriter, r *http.Request,
 		} else {
 			abort, err = p.exchange(ctx, w, r, st, u, k)
 		}
-		if reused && retryable(err, r) {
+		if reused && h1client.Retryable(err, r) {
 			continue
 		}
 		if err != nil {
@@ -112,9 +78,6 @@ func (p *Proxy) reverseProxy(ctx context.Context, w *countingWriter, r *http.Req
 	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, fwdKey{}, st)))
 	return false
 }
-
-// errUploadPanic ends an exchange whose body writer panicked.
-var errUploadPanic = errors.New("writing the request body upstream: panic (see the daemon log)")
 
 // exchange writes r on u and copies the response to w; a clean end puts u
 // back in the pool under k. An error is returned only while nothing was
@@ -148,104 +111,25 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 	}()
 
 	out := p.outbound(r, st)
-	u.ResetRead()
-	// The response header timeout runs from the end of the request, body
-	// included, as http.Transport's does: an upload may take longer.
-	var up *upload
-	if out.Body != nil {
-		// A body is written while the answer is read: an origin may answer
-		// (413, 401) before it has read the body.
-		up = &upload{done: make(chan error, 1)}
-		go func() {
-			// The body is the guest's bytes, read through the h1 guard:
-			// a panic here would otherwise end the daemon. The request is
-			// then a cut one (not relayed), and its body closed early, so
-			// the guest's connection ends after it: where the body stopped
-			// is not known.
-			defer func() {
-				if v := recover(); v != nil {
-					p.panics.Report("http request body", v, "client", r.RemoteAddr)
-					if cb, ok := guestBody(out.Body); ok {
-						cb.broken.Store(true)
-					}
-					out.Body.Close()
-					u.Close()
-					up.done <- errUploadPanic
-				}
-			}()
-			err := out.Write(u.BW)
-			if err == nil {
-				err = u.BW.Flush()
-			}
-			if err == nil {
-				up.mu.Lock()
-				if !up.hdrDone {
-					u.Hdr.Begin()
-				}
-				up.mu.Unlock()
-			} else if cb, ok := guestBody(out.Body); ok && cb.broken.Load() {
-				// The guest's body broke: the request can never be
-				// complete, so the origin's answer is not waited for.
-				u.Close()
-			}
-			up.done <- err
-		}()
-	} else {
-		err := h1.WriteRequest(u.BW, out)
-		if err == nil {
-			err = u.BW.Flush()
-		}
-		if err != nil {
-			return false, errStaleWrite
-		}
-		u.Hdr.Begin()
+	var cut *atomic.Bool // the guest's flag that it cut its body
+	if cb, ok := guestBody(out.Body); ok {
+		cut = &cb.broken
 	}
-
-	u.LimitHeader()
-	resp, err := http.ReadResponse(u.BR, out)
-	for err == nil && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-		// Informational answers (100 Continue, 103 Early Hints): the
-		// guest's own server answers 100-continue; others are passed on.
-		if resp.StatusCode != http.StatusContinue {
-			h := w.Header()
-			for k, vv := range resp.Header {
-				h[k] = vv
-			}
-			w.ResponseWriter.WriteHeader(resp.StatusCode)
-			clear(h)
-		}
-		resp, err = http.ReadResponse(u.BR, out)
-	}
-	u.EndHeader()
-	if up != nil {
-		up.mu.Lock()
-		up.hdrDone = true
-		u.Hdr.End()
-		up.mu.Unlock()
-	} else {
-		u.Hdr.End()
-	}
-	if cb, ok := guestBody(out.Body); ok && cb.broken.Load() {
-		// The guest cut its body: the upload closed this connection, and
-		// an answer read now may be the origin's to the truncated request
-		// (a TLS close sends close_notify before the socket closes, and
-		// a quick origin answers in between). It is not the guest's.
-		return false, errGuestBodyCut
-	}
+	up, err := u.Send(out, cut, p.panics, r.RemoteAddr)
 	if err != nil {
-		if ctx.Err() != nil {
-			return false, ctx.Err()
-		}
-		if u.Hdr.Expired() {
-			return false, errResponseHeaderTimeout
-		}
-		if u.BytesRead() == 0 && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err)) {
-			return false, errStaleRead
-		}
 		return false, err
 	}
-	if resp.StatusCode == http.StatusSwitchingProtocols {
-		return false, errors.New("reading upstream response: 101 Switching Protocols to a request without Upgrade")
+	resp, err := u.ReadResponse(ctx, out, up, cut, func(resp *http.Response) {
+		// Informational answers (103 Early Hints) are passed on.
+		h := w.Header()
+		for k, vv := range resp.Header {
+			h[k] = vv
+		}
+		w.ResponseWriter.WriteHeader(resp.StatusCode)
+		clear(h)
+	})
+	if err != nil {
+		return false, err
 	}
 
 	relayHeader(w, resp)
@@ -262,27 +146,10 @@ func (p *Proxy) exchange(ctx context.Context, w *countingWriter, r *http.Request
 		return true, nil
 	}
 	relayTrailers(w, resp)
-	reuse = !resp.Close && !out.Close
-	if up != nil {
-		select {
-		case werr := <-up.done:
-			reuse = reuse && werr == nil
-		default:
-			// The origin answered before it took the whole body: this
-			// connection is done; closing it ends the writer.
-			reuse = false
-		}
-	}
+	// An upload not finished: the origin answered before it took the
+	// whole body, so this connection is done; closing it ends the writer.
+	reuse = up.Finished() && !resp.Close && !out.Close
 	return false, nil
-}
-
-// upload is the state exchange shares with the goroutine writing a request
-// body: whether the response header has arrived (its timeout starts only
-// once the body is sent) and how the write ended.
-type upload struct {
-	mu      sync.Mutex
-	hdrDone bool
-	done    chan error
 }
 
 // exchangeH2 sends r over the shared HTTP/2 connection cc and copies the
@@ -555,8 +422,4 @@ func hostHeader(t egress.Target, auth string, defaultPort uint16) string {
 		return t.HostHeader(defaultPort)
 	}
 	return auth
-}
-
-func isReset(err error) bool {
-	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }

@@ -1,7 +1,8 @@
 // Package h1client is the client side of the proxy's HTTP engine: the
 // HTTP/1.1 connections to origins (Conn, opened by Open, which hands back a
-// shared HTTP/2 connection instead when the origin picks it) and the pool
-// that keeps both between requests (Pool).
+// shared HTTP/2 connection instead when the origin picks it), one exchange
+// on a Conn (Send, ReadResponse, Retryable) and the pool that keeps both
+// kinds of connection between requests (Pool).
 //
 // It knows no policy: the pool is keyed and swept by values the policy
 // chooses (internal/httpfilter keys by the checked address, and tags each
