@@ -225,7 +225,7 @@ func clientAddr(hostport string) netip.Addr {
 
 // finish writes the log line and counts the outcome.
 func (p *Proxy) finish(r *record) {
-	p.redactPath(r)
+	p.redactRecord(r)
 	p.cfg.Metrics.observe(r)
 	p.cfg.Policy.Observe(policy.Observation{Kind: r.kind, Host: r.host, Port: r.port, Method: r.method, Path: r.path, Status: r.status, Allowed: r.verdict == allowlist.Allow, Reason: r.reason, Tunnel: r.mode == "tunnel"})
 	p.stats.requests.Add(1)
@@ -383,7 +383,7 @@ func (r *record) line(now time.Time) *decisionlog.Line {
 // the reason code, the same code in X-Abox-Reason, and a denial id that is
 // also in the log line.
 func (p *Proxy) refuse(w http.ResponseWriter, r *record, status int, reason string, closeConn bool) {
-	p.redactPath(r) // the answer names the path too
+	p.redactRecord(r) // the answer names the path too
 	r.verdict, r.reason, r.status = allowlist.Block, reason, status
 	r.denialID = newDenialID()
 	if r.shown != "" {

@@ -166,10 +166,10 @@ var errPlaceholderInBody = errors.New("a placeholder in the request body")
 // origin: the body stops before the bytes holding it, and the request is
 // refused as a leak (failUpstream) if nothing was answered yet.
 func scanRest(r *http.Request, rec *record, pol *secrets.Policy) {
-	if r.Body == nil || r.Body == http.NoBody || (r.ContentLength >= 0 && r.ContentLength <= MaxSecretBodyScan) {
+	if r.Body == nil || r.Body == http.NoBody || (r.ContentLength >= 0 && r.ContentLength <= MaxSecretBodyScan && len(r.Trailer) == 0) {
 		return
 	}
-	r.Body = &bodyScan{ReadCloser: r.Body, pol: pol, rec: rec}
+	r.Body = &bodyScan{ReadCloser: r.Body, pol: pol, rec: rec, trailer: r.Trailer}
 }
 
 // bodyScan passes a body on, holding back its last PlaceholderSpan-1
@@ -182,6 +182,9 @@ type bodyScan struct {
 	buf  []byte // read, not passed on yet
 	err  error  // the body's own end or error, once buf is drained
 	from []byte // scratch for reads
+	// trailer is the request's: the server fills its values at the
+	// body's end, before the proxy forwards them (trailerBody).
+	trailer http.Header
 }
 
 func (b *bodyScan) Read(p []byte) (int, error) {
@@ -213,25 +216,57 @@ func (b *bodyScan) Read(p []byte) (int, error) {
 				return 0, errPlaceholderInBody
 			}
 		}
+		if err == io.EOF && b.trailerLeak() {
+			return 0, errPlaceholderInBody
+		}
 		if err != nil {
 			b.err = err
 		}
 	}
 }
 
-// redactPath takes the instance's placeholders out of a record's path before
-// its line is written, whichever step decided the request (a rules
-// refusal comes before the secrets step). Only a path that holds the
-// placeholders' prefix costs the policy's lookup.
-func (p *Proxy) redactPath(r *record) {
-	if p.cfg.Secrets == nil || !hasPlaceholderPrefix(r.path) {
+// trailerLeak reports, at the body's end, whether a trailer field names or
+// holds a placeholder, and records the leak.
+func (b *bodyScan) trailerLeak() bool {
+	for k, vv := range b.trailer {
+		name := b.pol.SecretIn([]byte(k))
+		for _, v := range vv {
+			if name == "" {
+				name = b.pol.SecretIn([]byte(v))
+			}
+		}
+		if name != "" {
+			d := secrets.ReasonSecretLeak + ": secret " + name + " in the " + secrets.WhereTrailer + " (" + secrets.DetailPlacement + ")"
+			b.rec.bodyLeak.Store(&d)
+			return true
+		}
+	}
+	return false
+}
+
+// redactRecord takes the instance's placeholders out of every field of a
+// record the guest chose (path, method, host, asked, connect, sni) before
+// its line is written or its answer names them, whichever step decided
+// the request (a rules refusal comes before the secrets step). Only a
+// field that holds the placeholders' prefix, or a percent escape that may
+// spell it, costs the policy's lookup.
+func (p *Proxy) redactRecord(r *record) {
+	if p.cfg.Secrets == nil {
 		return
 	}
-	pol, err := p.cfg.Secrets.Policy()
-	if err != nil {
-		p.secretsError(err)
+	var pol *secrets.Policy
+	for _, f := range [...]*string{&r.path, &r.method, &r.host, &r.asked, &r.connect, &r.sni} {
+		if !hasPlaceholderPrefix(*f) && strings.IndexByte(*f, '%') < 0 {
+			continue
+		}
+		if pol == nil {
+			var err error
+			if pol, err = p.cfg.Secrets.Policy(); err != nil {
+				p.secretsError(err)
+			}
+		}
+		*f = pol.Redact(*f)
 	}
-	r.path = pol.Redact(r.path)
 }
 
 // hasPlaceholderPrefix reports whether s holds secrets.PlaceholderPrefix in

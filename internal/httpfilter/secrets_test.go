@@ -26,7 +26,8 @@ type tokenOrigin struct {
 	got   [][]string // the Authorization values of every request read
 	proto []string
 	uris  []string // the request-targets read
-	// bodies holds what the origin read of each request body, cut or not.
+	// bodies holds what the origin read of each request body, cut or
+	// not, and its trailer fields.
 	bodies []string
 }
 
@@ -39,7 +40,7 @@ func (o *tokenOrigin) setWant(v string) {
 func (o *tokenOrigin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	o.mu.Lock()
-	o.bodies = append(o.bodies, string(body))
+	o.bodies = append(o.bodies, string(body)+fmt.Sprint(r.Trailer))
 	auth := r.Header.Values("Authorization")
 	o.got = append(o.got, auth)
 	o.proto = append(o.proto, r.Proto)
@@ -574,4 +575,72 @@ func TestSecretPlaceholderInAStreamedBody(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestSecretPlaceholderInMethodOrTrailer: a placeholder spelled as the
+// method, or sent in a trailer field after the body, is a leak like one in
+// a header: refused, never read by the origin, and in no decision line.
+func TestSecretPlaceholderInMethodOrTrailer(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			f := newSecretsFixture(t)
+			c := f.h.client(h2)
+			other := "https://other.test:" + f.otherPort + "/x"
+
+			resp, body := f.do(t, c, strings.ToUpper(f.ph), other, "", "")
+			if resp.StatusCode != http.StatusForbidden || resp.Header.Get("X-Abox-Reason") != secrets.ReasonSecretLeak {
+				t.Errorf("method: status %d reason %q (%q), want 403 secret_leak", resp.StatusCode, resp.Header.Get("X-Abox-Reason"), body)
+			}
+
+			pr, pw := io.Pipe()
+			req, _ := http.NewRequest("POST", other, pr)
+			req.Trailer = http.Header{"X-Note": nil}
+			go func() {
+				pw.Write([]byte(strings.Repeat("b", 2000)))
+				req.Trailer.Set("X-Note", "see "+f.ph)
+				pw.Close()
+			}()
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusForbidden || resp.Header.Get("X-Abox-Reason") != secrets.ReasonSecretLeak {
+				t.Errorf("trailer: status %d reason %q (%q), want 403 secret_leak", resp.StatusCode, resp.Header.Get("X-Abox-Reason"), b)
+			} else if line := f.h.waitLine(t, "denial_id", resp.Header.Get("X-Abox-Denial-Id")); line["secret"] != "secret_leak: secret TOKEN in the trailer (wrong_placement)" {
+				t.Errorf("trailer line %v", line)
+			}
+			f.other.mu.Lock()
+			defer f.other.mu.Unlock()
+			for _, b := range f.other.bodies {
+				if strings.Contains(strings.ToLower(b), f.ph) {
+					t.Errorf("other.test read the placeholder: %q", b)
+				}
+			}
+		})
+	}
+}
+
+// TestSecretPlaceholderRedactedInEveryField: a placeholder the guest puts
+// in a host name, or percent-encodes in a path, is in no decision line
+// (assertNoValue, at cleanup, searches them for the placeholder; the
+// encoded form is searched here).
+func TestSecretPlaceholderRedactedInEveryField(t *testing.T) {
+	f := newSecretsFixture(t)
+	c := f.h.client(false)
+	enc := "%61" + f.ph[1:]
+	resp, _ := f.do(t, c, "GET", "https://api.test:"+f.apiPort+"/v1/"+enc, "", "")
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("an encoded placeholder in the path: status %d, want 403", resp.StatusCode)
+	}
+	line := f.h.waitLine(t, "denial_id", resp.Header.Get("X-Abox-Denial-Id"))
+	if p, _ := line["path"].(string); strings.Contains(p, f.ph[len(secrets.PlaceholderPrefix):]) {
+		t.Errorf("the line's path %q holds the placeholder's digits", p)
+	}
+	// A name no entry allows: the CONNECT is refused, and logged.
+	if _, err := c.Get("https://" + f.ph + ".test:" + f.apiPort + "/"); err == nil {
+		t.Errorf("a CONNECT to a name that is a placeholder went through")
+	}
+	f.h.waitLine(t, "reason", "not_allowlisted")
 }

@@ -28,9 +28,12 @@ type fakeHV struct {
 	filters  map[string]bool
 	domains  map[string]libvirt.DomainState
 	failOn   string // call name that fails
-	netInfo  []libvirt.NetworkInfo
-	domXML   map[string]string // name -> last definition
-	snaps    map[string][]libvirt.Snapshot
+	// startRanThenFail makes StartDomain run the guest and still return an
+	// error, as an RPC cut after libvirtd started it does.
+	startRanThenFail bool
+	netInfo          []libvirt.NetworkInfo
+	domXML           map[string]string // name -> last definition
+	snaps            map[string][]libvirt.Snapshot
 	// revertedXML, when set, is the live definition a revert brings back
 	// (libvirt takes it from the snapshot).
 	revertedXML string
@@ -173,6 +176,9 @@ func (h *fakeHV) StartDomain(ctx context.Context, name string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.domains[name] = libvirt.StateRunning
+	if h.startRanThenFail {
+		return errors.New("StartDomain: the connection broke after the guest started")
+	}
 	return nil
 }
 func (h *fakeHV) ShutdownDomain(ctx context.Context, name string) error {
@@ -542,6 +548,28 @@ func TestConcurrentCreatesGetDistinctSubnets(t *testing.T) {
 	}
 	if len(sts) != 6 {
 		t.Errorf("instances = %d, want 6", len(sts))
+	}
+}
+
+// A start whose boot call fails after the guest began to run (the RPC cut
+// in flight) powers the guest off: a failed start leaves nothing running,
+// the filters and network undone around it.
+func TestStartFailingAfterTheGuestRanPowersItOff(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	if _, _, err := r.m.Create(ctx, Spec{Name: "dev", Accel: "tcg"}); err != nil {
+		t.Fatal(err)
+	}
+	r.hv.startRanThenFail = true
+	err := r.m.Start(ctx, "dev")
+	if err == nil || !strings.Contains(err.Error(), "powered off") {
+		t.Fatalf("start = %v, want its error saying the guest was powered off", err)
+	}
+	if s := r.hv.domains[libvirt.DomainName("dev")]; s.Active() {
+		t.Errorf("the guest is %v after the failed start", s)
+	}
+	if r.d.PID("dev") != 0 || r.hv.networks["abox-dev"] {
+		t.Errorf("failed start left daemon %d / network active %v", r.d.PID("dev"), r.hv.networks["abox-dev"])
 	}
 }
 

@@ -142,7 +142,12 @@ func (m *Manager) bootLocked(ctx context.Context, st State, record bool, boot fu
 		// powered off again: the undo of its boot.
 		{Name: "boot the guest", Do: func(ctx context.Context) error {
 			booted = time.Now()
-			return boot(ctx)
+			if err := boot(ctx); err != nil {
+				// A start that failed after the domain ran (an RPC cut
+				// in flight) leaves nothing running.
+				return m.powerOffAfter(ctx, dom, err)
+			}
+			return nil
 		}, Undo: func(ctx context.Context) error { return m.Hypervisor.DestroyDomain(ctx, dom) }},
 		{Name: "libvirt hook", Do: func(context.Context) error {
 			if m.Hook == nil {

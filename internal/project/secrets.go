@@ -108,6 +108,41 @@ func applySecrets(store *secrets.Store, p *config.Project, prev []boundSecret) (
 	return applied, now, fresh, nil
 }
 
+// bindingsOf lists the store's bindings of instance.
+func bindingsOf(store *secrets.Store, instance string) ([]boundSecret, error) {
+	list, err := store.List()
+	if err != nil {
+		return nil, err
+	}
+	var out []boundSecret
+	for _, in := range list {
+		for _, o := range in.Bindings {
+			if o.Instance == instance {
+				out = append(out, boundOf(config.Secret{Name: in.Name, Binding: o}))
+			}
+		}
+	}
+	return out, nil
+}
+
+// unbindNew removes the bindings of instance that are not in prior: what
+// an up that failed had bound.
+func unbindNew(store *secrets.Store, instance string, prior []boundSecret) error {
+	now, err := bindingsOf(store, instance)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, b := range now {
+		if !slices.Contains(prior, b) {
+			if err := store.Unbind(b.Name, instance, b.Host); err != nil {
+				errs = append(errs, fmt.Errorf("rolling back binding %s to %s: %w", b.Name, b.Host, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // stillBound reports whether the store still has binding b of instance.
 func stillBound(store *secrets.Store, b boundSecret, instance string) bool {
 	list, err := store.List()

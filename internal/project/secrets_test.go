@@ -75,12 +75,19 @@ func TestUpUndoesBindingsWhenCreateFails(t *testing.T) {
 	if _, err := store.Bind("API_KEY", secrets.Binding{Instance: "prod", Host: "api.example.com", Port: 443, Send: secrets.SendBearer, Header: "Authorization"}); err != nil {
 		t.Fatal(err)
 	}
+	// A binding made by hand for the instance before it exists (abox
+	// secret bind does not ask for one) is not the failed up's to undo.
+	hand := secrets.Binding{Instance: "dev", Host: "hand.example.com", Port: 443, Send: secrets.SendBearer, Header: "Authorization"}
+	handPH, err := store.Bind("OTHER_KEY", hand)
+	if err != nil {
+		t.Fatal(err)
+	}
 	p := trusted(t, d, secretsYAML)
 	if _, err := Up(context.Background(), d, p, UpOptions{}); err == nil || !strings.Contains(err.Error(), "base image") {
 		t.Fatalf("up without a base image = %v, want create's error", err)
 	}
-	if ph, err := store.Placeholders("dev"); err != nil || len(ph) != 0 {
-		t.Errorf("placeholders of the instance that was not made: %v, %v", ph, err)
+	if ph, err := store.Placeholders("dev"); err != nil || len(ph) != 1 || ph[0][1] != handPH {
+		t.Errorf("placeholders of the instance that was not made: %v, %v; want only the hand binding's %s", ph, err, handPH)
 	}
 	if ph, err := store.Placeholders("prod"); err != nil || len(ph) != 1 {
 		t.Errorf("another instance's placeholders: %v, %v; want its one kept", ph, err)

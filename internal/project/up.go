@@ -77,12 +77,18 @@ func Up(ctx context.Context, d Deps, p *config.Project, o UpOptions) (Report, er
 	case errors.Is(err, instance.ErrNotFound):
 		// Bound before the instance is made, so that its seed carries
 		// the placeholders and the guest has them from the first boot.
+		prior, err := bindingsOf(store, name)
+		if err != nil {
+			return rep, err
+		}
 		applied, bound, _, err := applySecrets(store, p, nil)
 		if err == nil {
 			st, err = create(ctx, d, p, allow, bound)
 		}
 		if err != nil {
-			return rep, errors.Join(err, store.ForgetInstance(name))
+			// Only what this up bound: a binding made by hand before,
+			// or by another up of the name, stays.
+			return rep, errors.Join(err, unbindNew(store, name, prior))
 		}
 		rep.Created = true
 		rep.Applied = append(rep.Applied, applied...)

@@ -32,6 +32,10 @@ const (
 	WherePath  = "path"
 	WhereQuery = "query"
 	WhereBody  = "body"
+	// WhereMethod: a placeholder spelled as the request's method.
+	WhereMethod = "method"
+	// WhereTrailer: a placeholder in a trailer field of the body.
+	WhereTrailer = "trailer"
 	// A header is "header " + its canonical name.
 	whereHeader = "header "
 	// whereHeaderName is a placeholder found as a header's name.
@@ -345,6 +349,7 @@ func (p *Policy) scan(r *Request) []found {
 			out = append(out, found{p.secretOf[ph], where})
 		}
 	}
+	add(WhereMethod, r.Method)
 	add(WherePath, r.Target.Path)
 	add(WhereQuery, r.Target.Query)
 	if len(r.Body) > 0 {

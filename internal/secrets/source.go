@@ -6,9 +6,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 )
 
 // Policy reads instance's policy from the store now.
@@ -28,7 +31,8 @@ type Source struct {
 	store    *Store
 	instance string
 
-	used UseMarker
+	used   UseMarker
+	flight singleflight.Group // Value's reads in progress, by secret
 
 	mu    sync.Mutex
 	stamp stamp // of the index the policy was built from
@@ -50,9 +54,19 @@ func (s *Store) Source(instance string) *Source {
 
 // Value reads secret name's value now (Store.Value): the proxy calls it
 // through Apply for every request it injects, so a rotation reaches the
-// next request.
+// next request. Concurrent reads of one secret share one read, so that a
+// guest's burst of requests runs a command-backed secret's command once,
+// not once per request; the read is not tied to any one request (a guest
+// that drops its request does not kill a helper mid-run), only to the
+// command's own timeout.
 func (src *Source) Value(ctx context.Context, name string) ([]byte, error) {
-	return src.store.Value(ctx, name)
+	v, err, _ := src.flight.Do(name, func() (any, error) {
+		return src.store.Value(context.WithoutCancel(ctx), name)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return slices.Clone(v.([]byte)), nil
 }
 
 // Used records the last use of names, at most once a minute per secret

@@ -5,10 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -480,5 +483,65 @@ func TestConcurrentRotation(t *testing.T) {
 		if string(v) != a && string(v) != b {
 			t.Fatalf("Value during rotation = %q, a mix", v)
 		}
+	}
+}
+
+// TestSourceValueRunsACommandOnceForABurst: concurrent requests that need
+// a command-backed secret share one run of the command, and a request that
+// goes away does not cancel the run the others wait for.
+func TestSourceValueRunsACommandOnceForABurst(t *testing.T) {
+	s := Open(filepath.Join(t.TempDir(), "secrets"))
+	var runs atomic.Int32
+	release := make(chan struct{})
+	s.Run = func(ctx context.Context, command string) ([]byte, error) {
+		runs.Add(1)
+		select {
+		case <-release:
+			return []byte("cmd-value-7f3a\n"), nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if err := s.SetCommand("TOKEN", "helper get token", 0); err != nil {
+		t.Fatal(err)
+	}
+	src := s.Source("dev")
+	gone, cancel := context.WithCancel(context.Background())
+	var wg, entered sync.WaitGroup
+	errs := make(chan error, 9)
+	for i := range 9 {
+		ctx := context.Background()
+		if i == 0 {
+			ctx = gone // this request goes away while the command runs
+		}
+		wg.Add(1)
+		entered.Add(1)
+		go func() {
+			defer wg.Done()
+			entered.Done()
+			v, err := src.Value(ctx, "TOKEN")
+			if err == nil && string(v) != "cmd-value-7f3a" {
+				err = fmt.Errorf("value %q", v)
+			}
+			errs <- err
+		}()
+	}
+	entered.Wait()
+	for runs.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // every caller is in the run in flight
+	cancel()
+	time.Sleep(20 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("a request's value: %v", err)
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the command ran %d times for one burst, want 1", n)
 	}
 }
