@@ -3,6 +3,7 @@ package hostfw
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -20,6 +21,11 @@ import (
 // the kernel's routing drops it silently. The reset and the ICMP error both carry the refused
 // flow's conntrack entry (the kernel attaches it to an answer), so the
 // output chain lets them through as RELATED and nothing else.
+//
+// With capture on, the table also holds the capture chain (captureChain),
+// so that one nft transaction writes both and a table is never half of
+// one: the answer chain lets TCP to port 80 and 443 of other addresses
+// pass because that chain takes it to the gateway.
 //
 // It only answers or passes: a packet it does not answer (not the
 // guest's own address, not unicast to the host, not the first of a flow,
@@ -74,17 +80,62 @@ func answerTable(b Bridge) string {
 		"\t\tct state != new return",
 		// The gateway's services (as the input chain allows them).
 		"\t\tip daddr " + gw + " udp dport 53 return",
-		"\t\tip daddr " + gw + " tcp dport { 53, " + strconv.Itoa(int(b.ProxyPort)) + " } return",
+		"\t\tip daddr " + gw + " tcp dport { " + joinPorts(b.gatewayTCP()) + " } return",
+	}
+	if b.capturing() {
+		// Captured: the capture chain below takes these to the
+		// gateway's capture ports (this chain sees them before it does).
+		lines = append(lines, "\t\tip daddr != "+gw+" tcp dport { 80, 443 } return")
+	}
+	lines = append(lines,
 		// ICMP (echo to the gateway is allowed; the rest is dropped
 		// by the chains) and other protocols are not answered.
 		"\t\tmeta l4proto != { tcp, udp } return",
-		"\t\tlimit rate over " + strconv.Itoa(AnswerRate) + "/second burst " + strconv.Itoa(AnswerBurst) + " packets drop",
+		"\t\tlimit rate over "+strconv.Itoa(AnswerRate)+"/second burst "+strconv.Itoa(AnswerBurst)+" packets drop",
 		"\t\treject with tcp reset",
 		"\t\treject with icmp admin-prohibited",
 		"\t}",
-		"}",
+	)
+	if b.capturing() {
+		lines = append(lines, captureChain(b)...)
 	}
+	lines = append(lines, "}")
 	return strings.Join(lines, "\n") + "\n"
+}
+
+// captureChain is the nat chain that takes the guest's TCP to port 80
+// and 443 of any address but the gateway to the gateway's capture ports,
+// where the proxy decides each connection on the name it carries (the
+// Host header, the TLS SNI), never on the address the guest chose.
+// nftables runs nat chains from the kernel's one nat hook at -100
+// ("dstnat"), after the answer chain (-175, which lets these through)
+// and before the routing decision, so the chains in mangle INPUT and the
+// nwfilter judge the flow with the gateway as its destination: the
+// capture ports are gateway services like the proxy port, and no route
+// out exists or is added. Without this chain such a flow is judged as
+// today (dropped; forwarded nowhere).
+func captureChain(b Bridge) []string {
+	gw, match := b.Gateway.String(), "iifname \""+b.Name+"\" ip saddr "+b.Guest.String()+" ip daddr != "+b.Gateway.String()
+	return []string{
+		"",
+		"\tchain capture {",
+		"\t\ttype nat hook prerouting priority dstnat; policy accept;",
+		"\t\t" + match + " tcp dport 80 dnat to " + gw + ":" + strconv.Itoa(int(b.CaptureHTTPPort)),
+		"\t\t" + match + " tcp dport 443 dnat to " + gw + ":" + strconv.Itoa(int(b.CaptureTLSPort)),
+		"\t}",
+	}
+}
+
+// joinPorts writes ports as nft prints a set of them: ascending,
+// comma-separated.
+func joinPorts(ports []uint16) string {
+	ps := slices.Clone(ports)
+	slices.Sort(ps)
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = strconv.Itoa(int(p))
+	}
+	return strings.Join(out, ", ")
 }
 
 // answerState returns the answer table of bridge as nft prints it, or
@@ -139,7 +190,11 @@ func (f *Firewall) checkAnswer(ctx context.Context, b Bridge) ([]string, error) 
 	case err != nil:
 		return nil, err
 	case !ok:
-		return []string{"nft: table ip " + name + " missing (refused flows are dropped without an answer and hang until the client's timeout)"}, nil
+		what := "refused flows are dropped without an answer and hang until the client's timeout"
+		if b.capturing() {
+			what += "; proxy-unaware clients are not captured and fail"
+		}
+		return []string{"nft: table ip " + name + " missing (" + what + ")"}, nil
 	case have != answerTable(b):
 		return []string{fmt.Sprintf("nft: table ip %s holds %q, want exactly %q", name, have, answerTable(b))}, nil
 	}

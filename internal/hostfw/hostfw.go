@@ -4,7 +4,9 @@
 // connections (IPv4) or nothing (IPv6), and an INPUT chain that lets the
 // guest, from its own address only, reach on the host only the gateway's
 // DNS (UDP and TCP), proxy and ICMP echo, plus replies (IPv4), or nothing (IPv6);
-// and an nftables table that answers the guest's refused TCP and UDP at once.
+// an nftables table that answers the guest's refused TCP and UDP at once
+// and, with capture on, takes its TCP to port 80 and 443 of any address to
+// the proxy's capture ports on the gateway.
 package hostfw
 
 import (
@@ -117,6 +119,25 @@ type Bridge struct {
 	// before conntrack confirms it, so this bounds the guest's share of
 	// the host's conntrack table.
 	ConnLimit uint
+	// CaptureHTTPPort and CaptureTLSPort are the TCP ports on Gateway
+	// where the proxy takes the guest's connections to port 80 and 443
+	// of any other address (answer.go, captureChain). Both 0: no
+	// capture; both set otherwise, distinct from each other, from
+	// ProxyPort and from 53.
+	CaptureHTTPPort, CaptureTLSPort uint16
+}
+
+// capturing reports whether the bridge's port 80 and 443 are captured.
+func (b Bridge) capturing() bool { return b.CaptureHTTPPort != 0 }
+
+// gatewayTCP are the gateway's TCP services the guest may open: DNS, the
+// proxy and, with capture, the capture ports.
+func (b Bridge) gatewayTCP() []uint16 {
+	ps := []uint16{53, b.ProxyPort}
+	if b.capturing() {
+		ps = append(ps, b.CaptureHTTPPort, b.CaptureTLSPort)
+	}
+	return ps
 }
 
 // DefaultConnLimit is generous for a build (hundreds of parallel proxy
@@ -140,6 +161,18 @@ func (b Bridge) validate() error {
 	}
 	if b.ProxyPort == 0 {
 		return errors.New("proxy port 0")
+	}
+	if (b.CaptureHTTPPort == 0) != (b.CaptureTLSPort == 0) {
+		return fmt.Errorf("capture ports %d and %d: set both or neither", b.CaptureHTTPPort, b.CaptureTLSPort)
+	}
+	if b.capturing() {
+		taken := map[uint16]bool{53: true, b.ProxyPort: true}
+		for _, p := range []uint16{b.CaptureHTTPPort, b.CaptureTLSPort} {
+			if taken[p] {
+				return fmt.Errorf("capture port %d: taken by DNS, the proxy or the other capture port; give each its own", p)
+			}
+			taken[p] = true
+		}
 	}
 	if !b.Guest.Is4() || b.Guest.IsUnspecified() || b.Guest == b.Gateway {
 		return fmt.Errorf("guest address %q is not an IPv4 address other than the gateway", b.Guest)
@@ -218,6 +251,15 @@ func specs(tool string, b Bridge) []chainSpec {
 			// AXFR over TCP, resolvers retry a truncated answer over it),
 			// with its own connection limits.
 			{"-d", gw, "-p", "tcp", "-m", "tcp", "--dport", "53", "-m", "conntrack", "--ctstate", "NEW", "-j", "RETURN"},
+		}
+		if b.capturing() {
+			// The capture ports: what the guest sent to port 80 or 443
+			// of another address arrives here DNATed to them (the
+			// answer table's capture chain), with the gateway as its
+			// destination; nothing else is let through for it.
+			for _, p := range []uint16{b.CaptureHTTPPort, b.CaptureTLSPort} {
+				inReturns = append(inReturns, []string{"-d", gw, "-p", "tcp", "-m", "tcp", "--dport", strconv.Itoa(int(p)), "-m", "conntrack", "--ctstate", "NEW", "-j", "RETURN"})
+			}
 		}
 	}
 	return []chainSpec{
