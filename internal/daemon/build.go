@@ -454,6 +454,11 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 		}
 		info.HTTPAddr = proxy.Addr()
 		svcs = append(svcs, proxy)
+		caps, err := b.capture(proxy, h)
+		if err != nil {
+			return Options{}, info, err
+		}
+		svcs = append(svcs, caps...)
 		keylog = proxy
 	}
 	o := Options{
@@ -471,6 +476,41 @@ func (b *builder) build(cfg Config) (Options, Info, error) {
 		o.KeyLog = keylog
 	}
 	return o, info, nil
+}
+
+// capture builds the capture servers of h, if it has them.
+func (b *builder) capture(proxy *httpfilter.Proxy, h *HTTPConfig) ([]Service, error) {
+	on := [2]bool{h.CaptureHTTP != "" || h.CaptureHTTPListener != nil, h.CaptureTLS != "" || h.CaptureTLSListener != nil}
+	if on[0] != on[1] {
+		return nil, fmt.Errorf("%w: capture needs both its port 80 and its port 443 listener, or neither", ErrConfig)
+	}
+	var svcs []Service
+	for _, c := range []struct {
+		port uint16
+		addr string
+		ln   net.Listener
+	}{{80, h.CaptureHTTP, h.CaptureHTTPListener}, {443, h.CaptureTLS, h.CaptureTLSListener}} {
+		if c.addr == "" && c.ln == nil {
+			continue
+		}
+		ln := c.ln
+		if ln == nil {
+			ap, err := netip.ParseAddrPort(c.addr)
+			if err != nil {
+				return nil, listenError{fmt.Errorf("capture address %q: want IP:PORT", c.addr)}
+			}
+			if ln, err = net.Listen("tcp", ap.String()); err != nil {
+				return nil, listenError{fmt.Errorf("capture of port %d: %w", c.port, err)}
+			}
+		}
+		b.onClose(func() { ln.Close() })
+		s, err := proxy.NewCapture(ln, c.port)
+		if err != nil {
+			return nil, err
+		}
+		svcs = append(svcs, s)
+	}
+	return svcs, nil
 }
 
 // resolverComponent shows the shared resolver's cache in the API status.

@@ -116,6 +116,14 @@ type HTTPConfig struct {
 	// never a destination.
 	Listen   string
 	Listener net.Listener
+	// CaptureHTTP and CaptureTLS, when set (IP:PORT), are where the host
+	// redirects the guest's connections to ports 80 and 443 of any other
+	// address: each is decided as a request to the proxy for the name its
+	// Host header or TLS SNI carries (httpfilter.Capture). The listeners,
+	// when set, are sockets bound by someone else and win over the
+	// addresses. Both or neither.
+	CaptureHTTP, CaptureTLS                 string
+	CaptureHTTPListener, CaptureTLSListener net.Listener
 	// Ports are the destination ports allowed; empty means 80 and 443.
 	Ports []uint16
 	// CADir holds the interception CA, created on first run; required.

@@ -12,7 +12,8 @@ import (
 )
 
 // EnvSockets tells a child which inherited file descriptors are which
-// socket: "dns-udp,dns-tcp,http" names fds 3, 4 and 5 in that order.
+// socket: "dns-udp,dns-tcp,http" names fds 3, 4 and 5 in that order
+// ("capture-http" and "capture-tls" may follow).
 const EnvSockets = "ABOX_SOCKETS"
 
 // Sockets are the data plane's listening sockets, bound once by the
@@ -23,6 +24,10 @@ type Sockets struct {
 	DNSPacket net.PacketConn
 	DNSStream net.Listener
 	HTTP      net.Listener
+	// CaptureHTTP and CaptureTLS receive the guest's connections to ports
+	// 80 and 443 of other addresses, which the host redirects to them
+	// (hostfw's capture rule); nil when not bound.
+	CaptureHTTP, CaptureTLS net.Listener
 }
 
 // BindSockets binds the DNS filter's UDP and TCP sockets on dnsAddr and the
@@ -47,6 +52,22 @@ func BindSockets(dnsAddr, httpAddr string) (*Sockets, error) {
 	return s, nil
 }
 
+// BindCapture binds the capture listeners on httpAddr (for port 80) and
+// tlsAddr (for port 443); on a failure neither stays bound.
+func (s *Sockets) BindCapture(httpAddr, tlsAddr string) error {
+	h, err := net.Listen("tcp", httpAddr)
+	if err != nil {
+		return fmt.Errorf("capture of port 80: %w", err)
+	}
+	t, err := net.Listen("tcp", tlsAddr)
+	if err != nil {
+		h.Close()
+		return fmt.Errorf("capture of port 443: %w", err)
+	}
+	s.CaptureHTTP, s.CaptureTLS = h, t
+	return nil
+}
+
 // Close closes the sockets held.
 func (s *Sockets) Close() {
 	if s.DNSPacket != nil {
@@ -57,6 +78,12 @@ func (s *Sockets) Close() {
 	}
 	if s.HTTP != nil {
 		s.HTTP.Close()
+	}
+	if s.CaptureHTTP != nil {
+		s.CaptureHTTP.Close()
+	}
+	if s.CaptureTLS != nil {
+		s.CaptureTLS.Close()
 	}
 }
 
@@ -89,6 +116,12 @@ func (s *Sockets) Files() ([]*os.File, string, error) {
 	}
 	if s.HTTP != nil {
 		err = errors.Join(err, add("http", s.HTTP))
+	}
+	if s.CaptureHTTP != nil {
+		err = errors.Join(err, add("capture-http", s.CaptureHTTP))
+	}
+	if s.CaptureTLS != nil {
+		err = errors.Join(err, add("capture-tls", s.CaptureTLS))
 	}
 	if err != nil {
 		for _, f := range files {
@@ -123,6 +156,10 @@ func InheritedSockets() (*Sockets, error) {
 			s.DNSStream, err = net.FileListener(f)
 		case "http":
 			s.HTTP, err = net.FileListener(f)
+		case "capture-http":
+			s.CaptureHTTP, err = net.FileListener(f)
+		case "capture-tls":
+			s.CaptureTLS, err = net.FileListener(f)
 		default:
 			err = fmt.Errorf("unknown socket name (%s=%s)", EnvSockets, v)
 		}
