@@ -33,6 +33,7 @@ const (
 	prioProxyOut       = 301
 	prioICMPOut        = 302
 	prioDNSTCPOut      = 303
+	prioCaptureOut     = 304 // and 305
 	prioDropIPv6In     = 900
 	prioDropIPv6Out    = 901
 	prioDropAllIn      = 998
@@ -141,14 +142,30 @@ func BuildNWFilter(p Params) (*libvirtxml.NWFilter, error) {
 			NWFilterRuleCommonIP:   libvirtxml.NWFilterRuleCommonIP{DstIPAddr: gw, State: newConn},
 			NWFilterRuleCommonPort: libvirtxml.NWFilterRuleCommonPort{DstPortStart: field("53")},
 		}},
+	}
+	if p.CaptureHTTPPort != 0 {
+		// The capture ports, to the gateway only. The host DNATs the
+		// guest's TCP to port 80 and 443 of other addresses to them
+		// before this filter judges it (nat prerouting comes before the
+		// filter table), so what it sees is a flow to the gateway like
+		// one to the proxy; a flow to any other address stays refused,
+		// with or without the host's capture rule.
+		for i, port := range []uint16{p.CaptureHTTPPort, p.CaptureTLSPort} {
+			rules = append(rules, &libvirtxml.NWFilterRule{Action: "accept", Direction: "out", Priority: prioCaptureOut + i, TCP: &libvirtxml.NWFilterRuleTCP{
+				NWFilterRuleCommonIP:   libvirtxml.NWFilterRuleCommonIP{DstIPAddr: gw, State: newConn},
+				NWFilterRuleCommonPort: libvirtxml.NWFilterRuleCommonPort{DstPortStart: field(strconv.Itoa(int(port)))},
+			}})
+		}
+	}
+	rules = append(rules,
 		// IPv6 again at layer 3 (ip6tables): if the layer-2 drop were ever
 		// lost, IPv6 would otherwise pass, as <all/> does not cover it.
-		{Action: "drop", Direction: "in", Priority: prioDropIPv6In, AllIPv6: &libvirtxml.NWFilterRuleAllIPv6{}},
-		{Action: "drop", Direction: "out", Priority: prioDropIPv6Out, AllIPv6: &libvirtxml.NWFilterRuleAllIPv6{}},
+		&libvirtxml.NWFilterRule{Action: "drop", Direction: "in", Priority: prioDropIPv6In, AllIPv6: &libvirtxml.NWFilterRuleAllIPv6{}},
+		&libvirtxml.NWFilterRule{Action: "drop", Direction: "out", Priority: prioDropIPv6Out, AllIPv6: &libvirtxml.NWFilterRuleAllIPv6{}},
 		// Default deny, both directions.
-		{Action: "drop", Direction: "in", Priority: prioDropAllIn, All: &libvirtxml.NWFilterRuleAll{}},
-		{Action: "drop", Direction: "out", Priority: prioDropAllOut, All: &libvirtxml.NWFilterRuleAll{}},
-	}
+		&libvirtxml.NWFilterRule{Action: "drop", Direction: "in", Priority: prioDropAllIn, All: &libvirtxml.NWFilterRuleAll{}},
+		&libvirtxml.NWFilterRule{Action: "drop", Direction: "out", Priority: prioDropAllOut, All: &libvirtxml.NWFilterRuleAll{}},
+	)
 
 	f := &libvirtxml.NWFilter{
 		Name:  FilterName(p.Name),

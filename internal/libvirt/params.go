@@ -47,6 +47,12 @@ type Params struct {
 	MAC     string       // guest NIC MAC; validate.GuestMAC must accept it
 
 	ProxyPort uint16 // TCP port of the HTTP proxy on Gateway; non-zero
+	// CaptureHTTPPort and CaptureTLSPort are the proxy's capture ports on
+	// Gateway, where the host DNATs the guest's TCP to port 80 and 443 of
+	// other addresses (hostfw); the packet filter admits them as gateway
+	// services. Both 0 (no capture) or both set, distinct from each other
+	// and from ProxyPort and 53.
+	CaptureHTTPPort, CaptureTLSPort uint16
 
 	CPUs      uint // virtual CPUs, 1..64
 	MemoryMiB uint // guest RAM in MiB, 128..1048576
@@ -120,6 +126,17 @@ func (p Params) Validate() error {
 	}
 	if p.ProxyPort == 0 {
 		add("proxy port: must be set")
+	}
+	if (p.CaptureHTTPPort == 0) != (p.CaptureTLSPort == 0) {
+		add("capture ports %d and %d: set both or neither", p.CaptureHTTPPort, p.CaptureTLSPort)
+	} else if p.CaptureHTTPPort != 0 {
+		taken := map[uint16]bool{53: true, p.ProxyPort: true}
+		for _, c := range []uint16{p.CaptureHTTPPort, p.CaptureTLSPort} {
+			if taken[c] {
+				add("capture port %d: taken by DNS, the proxy or the other capture port; give each its own", c)
+			}
+			taken[c] = true
+		}
 	}
 	if p.CPUs < 1 || p.CPUs > 64 {
 		add("cpus %d: want 1 to 64", p.CPUs)
