@@ -230,20 +230,31 @@ func captureName(name string) (reason string, err error) {
 	return "", nil
 }
 
-// refuse closes a captured connection that carries no name it may be
-// decided on, and writes its decision line.
+// refuse ends a captured connection that carries no name it may be
+// decided on, and writes its decision line. The guest sees its client
+// fail: a TLS client gets an access_denied alert, anything else a reset.
+// No HTTP answer: a client that did not ask the proxy cannot be expected
+// to read one as a refusal (curl, a probe, a script checking an exit
+// status take a 403 for a connection that worked); the reason is in the
+// log, with its denial id.
 func (c *Capture) refuse(conn net.Conn, orig netip.AddrPort, oerr error, reason string, err error) {
 	c.refused.Add(1)
-	if c.port == 443 {
+	if c.port == 443 && reason != ReasonCaptureNotTLS {
 		conn.Write(tlsAccessDenied)
-	} else {
-		fmt.Fprintf(conn, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nX-Abox-Reason: %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\nabox: %s\n",
-			reason, len("abox: ")+len(reason)+1, reason)
 	}
-	conn.Close()
+	resetConn(conn)
 	c.p.finish(&record{start: time.Now(), kind: "capture", client: conn.RemoteAddr().String(), port: c.port,
 		status: http.StatusForbidden, verdict: allowlist.Block, reason: reason, denialID: newDenialID(),
 		err: fmt.Errorf("captured connection to %s: %w", origString(orig, oerr), err)})
+}
+
+// resetConn closes c with a TCP reset where it can (SO_LINGER 0), so
+// that the client fails at once with "connection reset".
+func resetConn(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Close()
 }
 
 // tlsAccessDenied is a TLS alert record, fatal access_denied (RFC 8446
@@ -274,9 +285,9 @@ func origString(orig netip.AddrPort, err error) string {
 // capturedConn is a captured connection as the proxy sees it: reads
 // start with the CONNECT made for it, and the proxy's answer to that
 // CONNECT never reaches the guest, which did not send it. A 200 is
-// dropped and the tunnel's bytes pass; a refusal is passed on to a plain
-// HTTP client (it is an HTTP response it can read) and replaced by a TLS
-// access_denied alert for a TLS one.
+// dropped and the tunnel's bytes pass; a refusal ends the connection as
+// Capture.refuse does (a TLS alert, or a reset). Requests refused inside
+// the tunnel (fronting, request rules) are answered as on the proxy port.
 type capturedConn struct {
 	net.Conn
 	r   io.Reader
@@ -321,15 +332,10 @@ func (c *capturedConn) Write(b []byte) (int, error) {
 			}
 		}
 		return len(b), nil
-	case !c.tls:
-		c.answered = true
-		if _, err := c.Conn.Write(append(head, after...)); err != nil {
-			return 0, err
-		}
-		return len(b), nil
+	case c.tls:
+		c.Conn.Write(tlsAccessDenied)
 	}
-	c.Conn.Write(tlsAccessDenied)
-	c.Conn.Close()
+	resetConn(c.Conn)
 	return 0, errCaptureRefused
 }
 
