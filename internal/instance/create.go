@@ -496,6 +496,7 @@ func ParamsOf(l paths.Layout, st State) libvirt.Params {
 		Name:          st.Name, UUID: st.UUID,
 		Bridge: st.Bridge, Subnet: st.Subnet, Gateway: st.Gateway, GuestIP: st.GuestIP, MAC: st.MAC,
 		ProxyPort: st.ProxyPort, CPUs: st.CPUs, MemoryMiB: st.MemoryMiB,
+		CaptureHTTPPort: CaptureHTTPPort, CaptureTLSPort: CaptureTLSPort,
 		DiskPath:      f.Disk,
 		SeedISOPath:   f.Seed,
 		SerialLogPath: f.SerialLog,

@@ -235,6 +235,9 @@ func Supervise(ctx context.Context, l paths.Layout, exe, name string, log io.Wri
 		return fmt.Errorf("binding the filters' sockets for %s: %w", name, err)
 	}
 	defer socks.Close()
+	if err := socks.BindCapture(CaptureAddrs(st)); err != nil {
+		return fmt.Errorf("binding the filters' sockets for %s: %w", name, err)
+	}
 	if err := fsutil.WriteFileAtomic(f.DaemonPID, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
 		return err
 	}

@@ -16,12 +16,13 @@ import (
 )
 
 // DataPlane returns the daemon configuration of an instance: its DNS filter
-// on GATEWAY:53, its proxy on GATEWAY:PROXY_PORT and its local API, always
-// starting active. socks are the sockets the supervisor bound, or nil to
+// on GATEWAY:53, its proxy on GATEWAY:PROXY_PORT with its capture
+// listeners (CaptureAddrs) and its local API, always starting active. socks are the sockets the supervisor bound, or nil to
 // bind them here.
 func DataPlane(l paths.Layout, st State, socks *daemon.Sockets, diag io.Writer) daemon.Config {
 	f := l.Instance(st.Name)
 	dnsAddr, httpAddr := FilterAddrs(st)
+	capHTTP, capTLS := CaptureAddrs(st)
 	cfg := daemon.Config{
 		Instance:      st.Name,
 		AllowlistPath: f.Allowlist,
@@ -35,6 +36,8 @@ func DataPlane(l paths.Layout, st State, socks *daemon.Sockets, diag io.Writer) 
 		DNS:       &daemon.DNSConfig{Listen: dnsAddr},
 		HTTP: &daemon.HTTPConfig{
 			Listen:                   httpAddr,
+			CaptureHTTP:              capHTTP,
+			CaptureTLS:               capTLS,
 			Ports:                    st.Ports,
 			CADir:                    f.CADir,
 			NoMITM:                   st.NoMITM,
@@ -55,6 +58,7 @@ func DataPlane(l paths.Layout, st State, socks *daemon.Sockets, diag io.Writer) 
 	}
 	if socks != nil {
 		cfg.DNS.PacketConn, cfg.DNS.Listener, cfg.HTTP.Listener = socks.DNSPacket, socks.DNSStream, socks.HTTP
+		cfg.HTTP.CaptureHTTPListener, cfg.HTTP.CaptureTLSListener = socks.CaptureHTTP, socks.CaptureTLS
 	}
 	return cfg
 }
@@ -64,6 +68,14 @@ func DataPlane(l paths.Layout, st State, socks *daemon.Sockets, diag io.Writer) 
 func FilterAddrs(st State) (dnsAddr, httpAddr string) {
 	gw := st.Gateway.String()
 	return net.JoinHostPort(gw, "53"), net.JoinHostPort(gw, strconv.Itoa(int(st.ProxyPort)))
+}
+
+// CaptureAddrs returns the addresses of an instance's capture listeners,
+// for the guest's connections to port 80 and to port 443 of other
+// addresses.
+func CaptureAddrs(st State) (httpAddr, tlsAddr string) {
+	gw := st.Gateway.String()
+	return net.JoinHostPort(gw, strconv.Itoa(CaptureHTTPPort)), net.JoinHostPort(gw, strconv.Itoa(CaptureTLSPort))
 }
 
 // RunFilters is the body of the per-instance filter process (`abox daemon

@@ -603,8 +603,9 @@ func TestStartOrderAndRollback(t *testing.T) {
 		t.Errorf("chain %v, daemon %d", r.fw.chains[st.Bridge], r.d.PID("dev"))
 	}
 	// The host INPUT chain admits the guest's proxy connections only on
-	// the instance's own gateway and proxy port.
-	if want := (hostfw.Bridge{Name: st.Bridge, Gateway: st.Gateway, ProxyPort: st.ProxyPort, Guest: st.GuestIP}); r.fw.last != want || want.ProxyPort == 0 || !want.Guest.IsValid() {
+	// the instance's own gateway and proxy and capture ports.
+	if want := (hostfw.Bridge{Name: st.Bridge, Gateway: st.Gateway, ProxyPort: st.ProxyPort, Guest: st.GuestIP,
+		CaptureHTTPPort: CaptureHTTPPort, CaptureTLSPort: CaptureTLSPort}); r.fw.last != want || want.ProxyPort == 0 || !want.Guest.IsValid() {
 		t.Errorf("firewall ensured for %+v, want %+v", r.fw.last, want)
 	}
 	if err := r.m.Start(ctx, "dev"); err == nil || !strings.Contains(err.Error(), "already running") {

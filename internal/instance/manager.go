@@ -56,11 +56,12 @@ type Firewall interface {
 }
 
 // FirewallBridge is what the host firewall of st's bridge depends on: the
-// guest, from its own address only, may reach the gateway's DNS filter and
-// proxy and nothing else on the host. Every caller of hostfw (start, the
+// guest, from its own address only, may reach the gateway's DNS filter,
+// proxy and capture ports and nothing else on the host. Every caller of hostfw (start, the
 // guard, the libvirt hook, doctor) takes it from here.
 func FirewallBridge(st State) hostfw.Bridge {
-	return hostfw.Bridge{Name: st.Bridge, Gateway: st.Gateway, ProxyPort: st.ProxyPort, Guest: st.GuestIP}
+	return hostfw.Bridge{Name: st.Bridge, Gateway: st.Gateway, ProxyPort: st.ProxyPort, Guest: st.GuestIP,
+		CaptureHTTPPort: CaptureHTTPPort, CaptureTLSPort: CaptureTLSPort}
 }
 
 // Runner runs host programs (qemu-img, genisoimage, ip).

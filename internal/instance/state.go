@@ -30,7 +30,13 @@ const (
 	DefaultDiskGiB   = 10
 	DefaultUser      = "abox"
 	DefaultProxyPort = 28128 // not 3128 (squid) or any port a common host service listens on
-	DefaultPool      = "10.10.0.0/16"
+	// CaptureHTTPPort and CaptureTLSPort are the proxy's capture ports on
+	// the gateway: the host takes the guest's TCP to port 80 and 443 of
+	// any other address there (hostfw, docs/hostfw.md), so that clients
+	// that ignore the proxy settings are filtered as if they used it.
+	CaptureHTTPPort = 28180
+	CaptureTLSPort  = 28443
+	DefaultPool     = "10.10.0.0/16"
 )
 
 // State is an instance's persistent definition. It is written atomically and
