@@ -50,14 +50,19 @@ func (s *suite) refusedFlowsAnswered(t *testing.T, st instance.State) {
 	gw := st.Gateway.String()
 	tcp := func(url string) string { return "curl -sS -v -m 10 --noproxy '*' -o /dev/null " + url }
 	refusedTCP := "Connection refused" // curl -v: "connect to ... port ... failed: Connection refused"
+	capturedTLS := "access denied"     // curl -v: "tlsv1 alert access denied"
 	// dig: ";; communications error to ADDR#53: host unreachable" for
 	// ICMP administratively prohibited.
 	refusedDNS := "communications error to"
 	probes := []struct {
 		what, cmd, want string
 	}{
-		{"TCP to a public address (1.1.1.1:443)", tcp("https://1.1.1.1/"), refusedTCP},
-		{"TCP to the origin (" + originIP + ":443)", tcp("https://" + originIP + "/"), refusedTCP},
+		// Port 443 (and 80) of any address is captured (capture_e2e_test.go):
+		// TLS to an address carries no SNI, so the capture refuses it with
+		// an alert, at once.
+		{"TCP to a public address (1.1.1.1:443)", tcp("https://1.1.1.1/"), capturedTLS},
+		{"TCP to the origin (" + originIP + ":443)", tcp("https://" + originIP + "/"), capturedTLS},
+		{"TCP to a public address's other port (1.1.1.1:8443)", tcp("telnet://1.1.1.1:8443 </dev/null"), refusedTCP},
 		{"TCP to the origin's port 22", tcp("telnet://" + originIP + ":22 </dev/null"), refusedTCP},
 		{"TCP to the host's other address (" + hostSide + ":8081)", tcp("http://" + hostSide + ":8081/"), refusedTCP},
 		{"TCP to a gateway port with a host service (8081)", tcp("http://" + gw + ":8081/"), refusedTCP},
@@ -128,7 +133,7 @@ func (s *suite) refusedFlowsAnswered(t *testing.T, st instance.State) {
 	if !strings.Contains(dnsOut, "timed out") {
 		t.Errorf("control: without the answer table DNS to the origin did not time out (exit %d after %d ms): the test proves nothing\n%s", dnsRC, dnsMS, dnsOut)
 	}
-	if out, _, ms := probe(tcp("https://" + originIP + "/")); !strings.Contains(out, refusedTCP) {
-		t.Errorf("after Ensure TCP to the origin is not refused again (after %d ms):\n%s", ms, out)
+	if out, _, ms := probe(tcp("https://" + originIP + "/")); !strings.Contains(out, capturedTLS) {
+		t.Errorf("after Ensure TLS to the origin's address is not refused again (after %d ms):\n%s", ms, out)
 	}
 }

@@ -315,6 +315,7 @@ func TestVM(t *testing.T) {
 		}
 	})
 	t.Run("refused flows are answered at once", func(t *testing.T) { s.refusedFlowsAnswered(t, dev) })
+	t.Run("proxy-unaware clients are captured and filtered", func(t *testing.T) { s.proxyUnawareCaptured(t, dev) })
 	t.Run("guest cannot reach a second instance", func(t *testing.T) {
 		if out, err := s.guest("dev", "ping -c 2 -W 2 "+peer.GuestIP.String()); err == nil {
 			t.Errorf("ping peer succeeded: %s", out)
