@@ -151,11 +151,11 @@ func (c *Capture) serve(ctx context.Context, conn net.Conn) {
 		return
 	}
 	c.captured.Add(1)
-	c.logCapture(conn, orig, oerr, name)
 	authority := net.JoinHostPort(name, strconv.Itoa(int(c.port)))
 	head := "CONNECT " + authority + " HTTP/1.1\r\nHost: " + authority + "\r\n\r\n"
 	cc := &capturedConn{Conn: conn, r: io.MultiReader(bytesReader([]byte(head)), rest), tls: c.port == 443}
 	c.p.serveOuter(ctx, c.p.track(cc, release))
+	c.logCapture(conn, orig, oerr, name, cc.opened())
 }
 
 // readSNI peeks the ClientHello and returns its server name and a reader
@@ -263,16 +263,23 @@ func resetConn(c net.Conn) {
 var tlsAccessDenied = []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31}
 
 // logCapture writes the line that ties a captured connection to the name
-// it was decided on: the proxy's own line for the CONNECT follows.
-func (c *Capture) logCapture(conn net.Conn, orig netip.AddrPort, oerr error, name string) {
+// it was decided on, once the connection is over, after the proxy's own
+// line for it. The line of a connection the proxy refused is a refusal's,
+// held to the client's budget of them like the refusal itself, so that a
+// guest looping on refused captured connections cannot flood the log.
+func (c *Capture) logCapture(conn net.Conn, orig netip.AddrPort, oerr error, name string, opened bool) {
 	client, dst, port := conn.RemoteAddr().String(), origString(orig, oerr), int64(c.port)
 	if c.p.lines != nil {
 		l := decisionlog.NewLine(time.Now(), slog.LevelInfo, "capture")
-		l.String("kind", "capture").String("client", client).String("host", name).Int("port", port).String("orig_dst", dst)
-		c.p.lines.EmitAllowed(l)
+		l.String("kind", "capture").String("client", client).String("host", name).Int("port", port).String("orig_dst", dst).Bool("opened", opened)
+		if opened {
+			c.p.lines.EmitAllowed(l)
+		} else {
+			c.p.lines.EmitRefusal(clientAddr(client), "capture", l)
+		}
 		return
 	}
-	c.p.dlog.Info("capture", "kind", "capture", "client", client, "host", name, "port", port, "orig_dst", dst)
+	c.p.dlog.Info("capture", "kind", "capture", "client", client, "host", name, "port", port, "orig_dst", dst, "opened", opened)
 }
 
 func origString(orig netip.AddrPort, err error) string {
@@ -305,6 +312,13 @@ const maxAnswerHead = 16 << 10
 var errCaptureRefused = errors.New("captured connection refused")
 
 func (c *capturedConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// opened reports whether the proxy opened the tunnel (answered 200).
+func (c *capturedConn) opened() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.answered
+}
 
 func (c *capturedConn) Write(b []byte) (int, error) {
 	c.mu.Lock()

@@ -52,13 +52,21 @@ var guestChose = netip.MustParseAddr("192.0.2.7")
 // to 127.0.0.1, whose ports 80 and 443 are the test's origins.
 func captureHarness(t *testing.T) (h *harness, addr map[uint16]string, d *portDialer) {
 	t.Helper()
+	return captureHarnessWith(t, hopts{})
+}
+
+// captureHarnessWith is captureHarness with o (its allow and upDialer
+// are set here).
+func captureHarnessWith(t *testing.T, o hopts) (h *harness, addr map[uint16]string, d *portDialer) {
+	t.Helper()
 	tlsO := newHTTPSOrigin(t, originMux())
 	plainO := newHTTPOrigin(t, originMux())
 	d = &portDialer{to: map[string]string{
 		"127.0.0.1:443": tlsO.Listener.Addr().String(),
 		"127.0.0.1:80":  plainO.Listener.Addr().String(),
 	}}
-	h = newHarness(t, hopts{allow: []string{"allowed.test"}, upDialer: d})
+	o.allow, o.upDialer = []string{"allowed.test"}, d
+	h = newHarness(t, o)
 	h.res.set("allowed.test", "127.0.0.1")
 	h.res.set("other.test", "127.0.0.1")
 	addr = map[uint16]string{}
@@ -122,8 +130,9 @@ func TestCaptureTLSAllowedSNIIntercepted(t *testing.T) {
 		t.Errorf("dialled %q, want only allowed.test's checked address 127.0.0.1:443 (never the guest's %s)", got, guestChose)
 	}
 	waitFor(t, func() bool { return h.lastLog("mode", "mitm") != nil }, "the CONNECT's line")
-	if l := h.lastLog("kind", "capture"); l == nil || l["orig_dst"] != "192.0.2.7:443" || l["host"] != "allowed.test" {
-		t.Errorf("capture line %v, want host allowed.test and orig_dst 192.0.2.7:443", l)
+	waitFor(t, func() bool { return h.lastLog("kind", "capture") != nil }, "the capture line")
+	if l := h.lastLog("kind", "capture"); l == nil || l["orig_dst"] != "192.0.2.7:443" || l["host"] != "allowed.test" || l["opened"] != true {
+		t.Errorf("capture line %v, want host allowed.test, orig_dst 192.0.2.7:443, opened", l)
 	}
 	if l := h.lastLog("mode", "mitm"); l["host"] != "allowed.test" || l["verdict"] != "allow" {
 		t.Errorf("CONNECT line %v, want allowed.test allowed", l)
@@ -258,4 +267,35 @@ func TestCapturePlainSecondHostIsFronting(t *testing.T) {
 		}
 	}
 	waitFor(t, func() bool { return h.lastLog("reason", ReasonDomainFronting) != nil }, "the fronting refusal's line")
+}
+
+// A guest looping on refused captured connections writes the refusal
+// budget's worth of capture lines, not one per connection: they are
+// refusals' lines, folded like the refusals themselves.
+func TestCaptureRefusedLinesFolded(t *testing.T) {
+	h, addr, _ := captureHarnessWith(t, hopts{decisions: true})
+	const n = 200
+	for range n {
+		conn, err := net.Dial("tcp", addr[80])
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(conn, "GET / HTTP/1.1\r\nHost: other.test\r\n\r\n")
+		io.ReadAll(conn)
+		conn.Close()
+	}
+	waitFor(t, func() bool { h.lines.Sync(); return strings.Contains(h.log.String(), "refusals aggregated") }, "the aggregated refusals line")
+	captures := 0
+	for _, l := range h.log.lines() {
+		if l["msg"] == "capture" {
+			captures++
+			if l["opened"] != false {
+				t.Errorf("refused connection's capture line %v, want opened false", l)
+			}
+		}
+	}
+	t.Logf("%d refused captured connections: %d capture lines written", n, captures)
+	if captures == 0 || captures > n/4 {
+		t.Errorf("%d capture lines for %d refused connections, want a few (the refusal budget)", captures, n)
+	}
 }
