@@ -484,12 +484,27 @@ func TestVM(t *testing.T) {
 		if out := s.mustGuest(t, "dev", "curl -sS -m 20 -x "+proxy+" http://allowed.test/layers"); !strings.Contains(out, "GET /layers") {
 			t.Errorf("proxy with the nwfilter opened = %q", out)
 		}
-		// Control: without the chains the same requests go through, so the
-		// checks above really tested the chains.
-		// The supervisor's guard would put the chains back within 2 s:
-		// pause it (the filter process serves on) for the control.
+		// The guard would put what is removed below back within 2 s: pause
+		// it (the filter process serves on).
 		sup := s.daemonPID(t, dev.Name)
 		syscall.Kill(sup, syscall.SIGSTOP)
+		// With capture on, ports 80 and 443 go to the gateway before
+		// anything is forwarded, so the direct request above met the
+		// capture, not this chain. Without the capture chain (a missing
+		// capture rule on a host that forwards) the FORWARD chain stops
+		// them: a missing capture rule opens nothing.
+		if _, err := (nsRunner{s}).Run(s.ctx, "nft", "delete", "chain", "ip", hostfw.AnswerTableName(dev.Bridge), "capture"); err != nil {
+			syscall.Kill(sup, syscall.SIGCONT)
+			t.Fatal(err)
+		}
+		uncaptured := strings.Replace(noProxy, "-m 20", "-m 6", 1)
+		for _, c := range []string{direct, uncaptured + "https://www.allowed.test/uncaptured", uncaptured + "http://allowed.test/uncaptured"} {
+			if out, err := s.guest("dev", c); err == nil || strings.Contains(out, "GET /") {
+				t.Errorf("without the capture chain, forwarding on and the nwfilter opened, %s reached something: %v %q", c, err, out)
+			}
+		}
+		// Control: without the chains the same requests go through, so the
+		// checks above really tested the chains.
 		fw := hostfw.New(nsRunner{s})
 		if err := fw.Remove(s.ctx, dev.Bridge); err != nil {
 			syscall.Kill(sup, syscall.SIGCONT)
