@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -153,7 +154,7 @@ func (c *Capture) serve(ctx context.Context, conn net.Conn) {
 	c.captured.Add(1)
 	authority := net.JoinHostPort(name, strconv.Itoa(int(c.port)))
 	head := "CONNECT " + authority + " HTTP/1.1\r\nHost: " + authority + "\r\n\r\n"
-	cc := &capturedConn{Conn: conn, r: io.MultiReader(bytesReader([]byte(head)), rest), tls: c.port == 443}
+	cc := &capturedConn{Conn: conn, r: io.MultiReader(strings.NewReader(head), rest), tls: c.port == 443}
 	c.p.serveOuter(ctx, c.p.track(cc, release))
 	c.logCapture(conn, orig, oerr, name, cc.opened())
 }
@@ -173,7 +174,7 @@ func (c *Capture) readSNI(conn net.Conn) (name string, rest io.Reader, reason st
 	if reason, err := captureName(hello.ServerName); reason != "" {
 		return "", nil, reason, err
 	}
-	return hello.ServerName, io.MultiReader(bytesReader(raw), after), "", nil
+	return hello.ServerName, io.MultiReader(bytes.NewReader(raw), after), "", nil
 }
 
 // readHost peeks the first request head and returns its Host's name and
@@ -353,4 +354,11 @@ func (c *capturedConn) Write(b []byte) (int, error) {
 	return 0, errCaptureRefused
 }
 
-func (c *capturedConn) CloseWrite() error { return closeWrite(c.Conn) }
+// CloseWrite half-closes the guest's connection, as the proxy does when
+// the origin is done sending.
+func (c *capturedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}
