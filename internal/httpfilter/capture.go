@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/abox-dev/abox/internal/httpfilter/connio"
 	"io"
 	"log/slog"
 	"net"
@@ -132,7 +133,7 @@ func (c *Capture) serve(ctx context.Context, conn net.Conn) {
 		return
 	}
 	release := func() { <-c.sem }
-	tuneGuestConn(conn)
+	connio.TuneGuestConn(conn)
 	orig, oerr := c.origDst(conn)
 	conn.SetReadDeadline(time.Now().Add(c.p.cfg.HandshakeTimeout))
 	var (
@@ -239,14 +240,16 @@ func captureName(name string) (reason string, err error) {
 // status take a 403 for a connection that worked); the reason is in the
 // log, with its denial id.
 func (c *Capture) refuse(conn net.Conn, orig netip.AddrPort, oerr error, reason string, err error) {
+	rec := &record{start: time.Now(), kind: "capture", client: conn.RemoteAddr().String(), port: c.port,
+		status: http.StatusForbidden, verdict: allowlist.Block, reason: reason, denialID: newDenialID(),
+		err: fmt.Errorf("captured connection to %s: %w", origString(orig, oerr), err)}
+	p := c.p
+	defer p.finish(rec)
 	c.refused.Add(1)
 	if c.port == 443 && reason != ReasonCaptureNotTLS {
 		conn.Write(tlsAccessDenied)
 	}
 	resetConn(conn)
-	c.p.finish(&record{start: time.Now(), kind: "capture", client: conn.RemoteAddr().String(), port: c.port,
-		status: http.StatusForbidden, verdict: allowlist.Block, reason: reason, denialID: newDenialID(),
-		err: fmt.Errorf("captured connection to %s: %w", origString(orig, oerr), err)})
 }
 
 // resetConn closes c with a TCP reset where it can (SO_LINGER 0), so

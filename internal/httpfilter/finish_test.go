@@ -97,8 +97,13 @@ func isFinish(c *ast.CallExpr) bool {
 	if !ok || s.Sel.Name != "finish" {
 		return false
 	}
-	id, ok := s.X.(*ast.Ident)
-	return ok && id.Name == "p"
+	switch x := s.X.(type) {
+	case *ast.Ident: // p.finish
+		return x.Name == "p"
+	case *ast.SelectorExpr: // c.p.finish
+		return x.Sel.Name == "p"
+	}
+	return false
 }
 
 func isRecordLit(e ast.Expr) bool {
