@@ -107,6 +107,12 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 			return context.WithValue(ctx, ctxKey{}, peerUID(c))
 		},
 	}
+	return ServeUntil(ctx, hs, l, "api")
+}
+
+// ServeUntil runs hs on l until ctx ends, then shuts it down (2 s for the
+// requests in flight); what names the server in its error.
+func ServeUntil(ctx context.Context, hs *http.Server, l net.Listener, what string) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(l) }()
 	select {
@@ -119,7 +125,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		if errors.Is(err, http.ErrServerClosed) {
 			return nil
 		}
-		return fmt.Errorf("serving api: %w", err)
+		return fmt.Errorf("serving %s: %w", what, err)
 	}
 }
 

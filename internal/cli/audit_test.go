@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bytes"
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -33,16 +32,7 @@ func auditRig(t *testing.T, n int) (run func(args ...string) (string, string, er
 		s.Write([]byte(`{"msg":"dns","name":"n` + string(rune('a'+i)) + `.example","verdict":"allow"}` + "\n"))
 	}
 	s.Close()
-	run = func(args ...string) (string, string, error) {
-		var out, errb bytes.Buffer
-		e := &env{stdin: strings.NewReader(""), stdout: &out, stderr: &errb, layout: func() (paths.Layout, error) { return l, nil }}
-		root := newRootCmd(e)
-		root.SetArgs(args)
-		root.SetOut(&out)
-		root.SetErr(&errb)
-		err := root.ExecuteContext(context.Background())
-		return out.String(), errb.String(), err
-	}
+	run = func(args ...string) (string, string, error) { return runCLIIn(l, "", args...) }
 	return run, l
 }
 

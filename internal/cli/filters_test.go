@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -48,16 +47,7 @@ func controlRig(t *testing.T) (run func(args ...string) (string, string, error),
 	done := make(chan struct{})
 	go func() { srv.Serve(ctx, ln); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	run = func(args ...string) (string, string, error) {
-		var out, errb bytes.Buffer
-		e := &env{stdin: strings.NewReader(""), stdout: &out, stderr: &errb, layout: func() (paths.Layout, error) { return l, nil }}
-		root := newRootCmd(e)
-		root.SetArgs(args)
-		root.SetOut(&out)
-		root.SetErr(&errb)
-		err := root.ExecuteContext(context.Background())
-		return out.String(), errb.String(), err
-	}
+	run = func(args ...string) (string, string, error) { return runCLIIn(l, "", args...) }
 	return run, eng
 }
 

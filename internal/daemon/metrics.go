@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/abox-dev/abox/internal/api"
 	"github.com/abox-dev/abox/internal/audit"
 	"github.com/abox-dev/abox/internal/metrics"
 	"github.com/abox-dev/abox/internal/monitor"
@@ -135,20 +136,7 @@ func serveMetrics(ctx context.Context, ln net.Listener, h http.Handler) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-	select {
-	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		hs.Shutdown(sctx)
-		return nil
-	case err := <-errc:
-		if errors.Is(err, http.ErrServerClosed) {
-			return nil
-		}
-		return fmt.Errorf("serving metrics: %w", err)
-	}
+	return api.ServeUntil(ctx, hs, ln, "metrics")
 }
 
 // filtersStarted is the audit record of a data plane's start.
