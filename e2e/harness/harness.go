@@ -25,6 +25,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -112,14 +113,14 @@ func Start(ctx context.Context, name string, opts Options) (_ *Env, err error) {
 	if err := os.MkdirAll(opts.StateRoot, 0o755); err != nil {
 		return nil, fmt.Errorf("starting e2e environment %s: %w", ns, err)
 	}
-	lock, err := lockName(ctx, filepath.Join(opts.StateRoot, ns+".lock"), logf)
+	lock, err := takeLock(ctx, filepath.Join(opts.StateRoot, ns+".lock"), logf)
 	if err != nil {
 		return nil, fmt.Errorf("starting e2e environment %s: %w", ns, err)
 	}
 	e.lock = lock
 	defer func() {
 		if err != nil {
-			lock.Close()
+			dropLock(lock)
 		}
 	}()
 
@@ -311,10 +312,59 @@ func (e *Env) LogDir() string { return filepath.Join(e.Dir, "log") }
 func (e *Env) Close(ctx context.Context) error {
 	err := teardown(ctx, e.Name, e.Dir, e.logf)
 	if e.lock != nil {
-		e.lock.Close() // closing the descriptor drops the flock
+		dropLock(e.lock)
 		e.lock = nil
 	}
 	return err
+}
+
+// The locks this process holds, by path: a Start of a name this process
+// already runs takes the environment over (the old one is the leftover it
+// tears down), as a crashed run's would be; another process waits. Each
+// Start counts a holder; the last one's Close releases the flock (and an
+// environment never closed holds it until the process ends).
+var (
+	locksMu sync.Mutex
+	locks   = map[*os.File]*heldLock{}
+	byPath  = map[string]*os.File{}
+)
+
+type heldLock struct {
+	path    string
+	holders int
+}
+
+func takeLock(ctx context.Context, path string, logf func(string, ...any)) (*os.File, error) {
+	locksMu.Lock()
+	if f := byPath[path]; f != nil {
+		locks[f].holders++
+		locksMu.Unlock()
+		return f, nil
+	}
+	locksMu.Unlock()
+	f, err := lockName(ctx, path, logf)
+	if err != nil {
+		return nil, err
+	}
+	locksMu.Lock()
+	byPath[path], locks[f] = f, &heldLock{path: path, holders: 1}
+	locksMu.Unlock()
+	return f, nil
+}
+
+func dropLock(f *os.File) {
+	locksMu.Lock()
+	defer locksMu.Unlock()
+	h := locks[f]
+	if h == nil {
+		return
+	}
+	if h.holders--; h.holders > 0 {
+		return
+	}
+	delete(locks, f)
+	delete(byPath, h.path)
+	f.Close() // closing the descriptor drops the flock
 }
 
 // lockName takes an exclusive flock on path, waiting (and saying so) while
