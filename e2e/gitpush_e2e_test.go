@@ -25,19 +25,7 @@ import (
 // afterwards.
 func (s *suite) gitPushChecks(t *testing.T, proxy string) {
 	t.Run("git pushes held to the agent's branches", func(t *testing.T) {
-		file := (paths.Layout{Root: s.home}).Allowlist("dev")
-		orig, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := os.WriteFile(file, orig, 0o644); err != nil {
-				t.Errorf("restoring the allowlist: %v", err)
-			}
-			if out, err := s.abox("allowlist", "reload", "dev"); err != nil {
-				t.Errorf("reloading the restored allowlist: %v\n%s", err, out)
-			}
-		})
+		s.restoreAllowlist(t, "dev")
 		const secret = "LAB_GIT_TOKEN"
 		raw := make([]byte, 16)
 		rand.Read(raw)
@@ -97,6 +85,26 @@ func (s *suite) gitPushChecks(t *testing.T, proxy string) {
 		}
 		if got := rev("refs/heads/main"); got != mainBefore {
 			t.Errorf("the code host's main moved from %s to %s: the push got through", mainBefore, got)
+		}
+	})
+}
+
+// restoreAllowlist puts instance's allowlist file back as it is now, and
+// reloads it, when t ends (cleanups run last-added first: a test's own
+// cleanups added later run before it).
+func (s *suite) restoreAllowlist(t *testing.T, instance string) {
+	t.Helper()
+	file := (paths.Layout{Root: s.home}).Allowlist(instance)
+	orig, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.WriteFile(file, orig, 0o644); err != nil {
+			t.Errorf("restoring the allowlist: %v", err)
+		}
+		if out, err := s.abox("allowlist", "reload", instance); err != nil {
+			t.Errorf("reloading the restored allowlist: %v\n%s", err, out)
 		}
 	})
 }

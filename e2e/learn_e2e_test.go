@@ -5,13 +5,11 @@ package e2e
 import (
 	"encoding/base64"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/abox-dev/abox/e2e/lab"
-	"github.com/abox-dev/abox/internal/paths"
 )
 
 // learnChecks is issue 18's learn-then-propose path on the suite's dev
@@ -24,19 +22,11 @@ import (
 // suite's later subtests expect blocked.test refused.
 func (s *suite) learnChecks(t *testing.T, proxy string) {
 	t.Run("learn then propose: the script runs again, a new write is refused", func(t *testing.T) {
-		file := (paths.Layout{Root: s.home}).Allowlist("dev")
-		orig, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s.restoreAllowlist(t, "dev")
 		t.Cleanup(func() {
+			// Before the allowlist is put back: active again, the record
+			// cleared.
 			s.abox("net", "filter", "dev", "active")
-			if err := os.WriteFile(file, orig, 0o644); err != nil {
-				t.Errorf("restoring the allowlist: %v", err)
-			}
-			if out, err := s.abox("allowlist", "reload", "dev"); err != nil {
-				t.Errorf("reloading the restored allowlist: %v\n%s", err, out)
-			}
 			s.abox("net", "learn", "clear", "dev")
 		})
 		c := "curl -sS -m 20 --noproxy '' -x " + proxy + " -o /dev/null -w '%{http_code}\\n' "

@@ -78,14 +78,7 @@ func TestGitPushHeld(t *testing.T) {
 			srv := newHTTPSOrigin(t, g.handler())
 			pt := port(t, srv)
 			h.allowOrigin("code.test", srv, pt)
-			pem, err := h.p.cfg.CA.CertPEM()
-			if err != nil {
-				t.Fatal(err)
-			}
-			caFile := filepath.Join(t.TempDir(), "ca.crt")
-			if err := os.WriteFile(caFile, pem, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			caFile := h.caFile(t)
 			url := "https://code.test:" + pt + "/app.git"
 			push := func(args ...string) (string, error) {
 				cmd := gitCommand(g.work, append([]string{"-c", "http.proxy=http://" + h.addr, "-c", "http.version=" + version, "push", url}, args...)...)
@@ -188,14 +181,7 @@ func TestGitPushPassive(t *testing.T) {
 	srv := newHTTPSOrigin(t, g.handler())
 	pt := port(t, srv)
 	h.allowOrigin("code.test", srv, pt)
-	pem, err := h.p.cfg.CA.CertPEM()
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	if err := os.WriteFile(caFile, pem, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	caFile := h.caFile(t)
 	cmd := gitCommand(g.work, "-c", "http.proxy=http://"+h.addr, "push", "https://code.test:"+pt+"/app.git", "main")
 	cmd.Env = append(cmd.Env, "GIT_SSL_CAINFO="+caFile)
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -227,14 +213,7 @@ func TestGitPushLarge(t *testing.T) {
 	srv := newHTTPSOrigin(t, g.handler())
 	pt := port(t, srv)
 	h.allowOrigin("code.test", srv, pt)
-	pem, err := h.p.cfg.CA.CertPEM()
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	if err := os.WriteFile(caFile, pem, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	caFile := h.caFile(t)
 	push := func(ref string) (string, error) {
 		cmd := gitCommand(g.work, "-c", "http.proxy=http://"+h.addr, "-c", "http.version=HTTP/1.1", "push", "https://code.test:"+pt+"/app.git", ref)
 		cmd.Env = append(cmd.Env, "GIT_SSL_CAINFO="+caFile)
@@ -279,4 +258,19 @@ func TestGitPushAnyMethodHeld(t *testing.T) {
 			t.Errorf("%s of a push to main: %d without an abox refusal; want it held to the push rules", m, resp.StatusCode)
 		}
 	}
+}
+
+// caFile writes the proxy's CA certificate to a file for git's
+// GIT_SSL_CAINFO.
+func (h *harness) caFile(t *testing.T) string {
+	t.Helper()
+	pem, err := h.p.cfg.CA.CertPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "ca.crt")
+	if err := os.WriteFile(f, pem, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
